@@ -1,0 +1,1 @@
+"""parity.envs: The environment API, tool-call parsing, and the Python-tool, math and desktop environments."""

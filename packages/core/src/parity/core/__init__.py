@@ -1,0 +1,1 @@
+"""parity.core: Shared types, config loading, metrics and per-step timing."""

@@ -1,0 +1,1 @@
+"""parity.model: The decoder, its aligned and standard kernels, HF safetensors I/O, tokenizers and chat rendering."""

@@ -1,0 +1,1 @@
+"""parity.sandboxes: Isolated execution of model-written code: local namespaces and Docker backends, pools."""

@@ -1,0 +1,40 @@
+"""The `parity` command line. Each package owns its commands; this file only assembles them.
+
+Heavy imports (torch, ray) happen inside the commands, so `parity --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from parity.engine.cli import audit, bench_engine
+from parity.envs.cli import app as envs_app
+from parity.model.cli import bench_learner
+from parity.sandboxes.cli import app as sandbox_app
+from parity.sandboxes.cli import bench_sandbox
+from parity.trainer.commands import bench_async, eval_checkpoint, profile, train
+
+app = typer.Typer(
+    name="parity",
+    help="Agentic RL whose rollout and learner compute bit-identical log-probabilities.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.command("train")(train)
+app.command("eval")(eval_checkpoint)
+app.command("profile")(profile)
+app.command("audit")(audit)
+
+bench_app = typer.Typer(help="Side-by-side speed measurements; prints ratios.", no_args_is_help=True)
+bench_app.command("learner")(bench_learner)
+bench_app.command("engine")(bench_engine)
+bench_app.command("sandbox")(bench_sandbox)
+bench_app.command("async")(bench_async)
+app.add_typer(bench_app, name="bench")
+app.add_typer(sandbox_app, name="sandbox", help="Run commands in a sandbox; check backends.")
+app.add_typer(envs_app, name="envs", help="List, check and play environments.")
+
+
+def main() -> None:
+    app()
