@@ -80,3 +80,27 @@ class Trajectory:
         """The oldest policy version among the generated tokens (-1 if none)."""
         vs = [v for v, m in zip(self.versions, self.loss_mask, strict=True) if m]
         return min(vs) if vs else -1
+
+
+@dataclass(frozen=True)
+class Completion:
+    """What the engine returns for one generation request (one model turn).
+
+    `token_ids[i]` was sampled with log-probability `logprobs[i]` (under the distribution
+    actually sampled from) by the policy version `versions[i]`. `finish_reason` is "stop"
+    (a stop token or string ended the turn; the stop token is the last of `token_ids`),
+    "length" (max_new_tokens reached) or "abort" (the request was cancelled).
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    finish_reason: str
+
+    def __post_init__(self) -> None:
+        n = len(self.token_ids)
+        if len(self.logprobs) != n or len(self.versions) != n:
+            raise ValueError(
+                f"Completion: {n} token_ids but {len(self.logprobs)} logprobs and "
+                f"{len(self.versions)} versions"
+            )

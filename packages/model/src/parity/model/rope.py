@@ -1,0 +1,64 @@
+"""Rotary position embeddings with an fp32 cos/sin table shared by every caller.
+
+The table is built in fixed chunks of positions, so the value at position p never depends
+on how many positions were requested: training and decode read identical rows.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from parity.model.config import ModelConfig
+
+_CHUNK = 256
+
+
+def inverse_frequencies(cfg: ModelConfig) -> torch.Tensor:
+    dim = cfg.dim_per_head
+    # fp32 throughout, as Hugging Face computes it, so checkpoints agree with transformers
+    inv = 1.0 / (cfg.rope_base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    kind, scaling = cfg.rope_kind
+    if kind == "linear":
+        inv = inv / float(scaling["factor"])
+    elif kind == "llama3":
+        factor = float(scaling["factor"])
+        low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+        old_ctx = float(scaling["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv
+        smooth = (old_ctx / wavelen - low) / (high - low)
+        scaled = torch.where(wavelen > old_ctx / low, inv / factor, inv)
+        mid = (wavelen <= old_ctx / low) & (wavelen >= old_ctx / high)
+        inv = torch.where(mid, (1 - smooth) * scaled / factor + smooth * scaled, scaled)
+    return inv
+
+
+class RotaryTable:
+    """cos/sin rows by absolute position, grown on demand in fixed-size chunks."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        self.inv_freq = inverse_frequencies(cfg)
+        self.cos = torch.empty(0, cfg.dim_per_head)
+        self.sin = torch.empty(0, cfg.dim_per_head)
+
+    def _grow(self, n: int) -> None:
+        while self.cos.shape[0] < n:
+            start = self.cos.shape[0]
+            pos = torch.arange(start, start + _CHUNK, dtype=torch.float32)
+            freqs = torch.outer(pos, self.inv_freq)
+            emb = torch.cat([freqs, freqs], dim=-1)
+            self.cos = torch.cat([self.cos, emb.cos()])
+            self.sin = torch.cat([self.sin, emb.sin()])
+
+    def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin of shape [N, 1, D] for `positions` [N]."""
+        self._grow(int(positions.max()) + 1)
+        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [N, H, D] rotated as in Hugging Face's rotate_half convention."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin

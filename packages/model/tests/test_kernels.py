@@ -1,0 +1,179 @@
+"""Row invariance of every reducing op: the same bits per row whatever else is in the call.
+
+Each property runs in both kernel modes; aligned must always hold, and for standard we
+assert that the same checks find at least one difference (the checks can fail).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from parity.model.kernels import ALIGNED, KV_TILE, STANDARD, SeqLayout, tree_sum
+
+SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@pytest.fixture
+def two_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def _embed(row: torch.Tensor, n: int, j: int, seed: int) -> torch.Tensor:
+    """n random rows with `row` at position j."""
+    x = torch.randn(n, row.shape[-1], generator=torch.Generator().manual_seed(seed))
+    x[j] = row
+    return x
+
+
+@SETTINGS
+@given(
+    k=st.sampled_from([64, 256, 896, 1024]), n_out=st.sampled_from([97, 256, 768, 1000]),
+    n=st.integers(1, 300), data=st.data(),
+)
+def test_aligned_linear_rows_invariant(k, n_out, n, data):
+    j = data.draw(st.integers(0, n - 1))
+    threads = data.draw(st.sampled_from([1, 2]))
+    g = torch.Generator().manual_seed(k * n_out)
+    w, b, row = torch.randn(n_out, k, generator=g), torch.randn(n_out, generator=g), torch.randn(k, generator=g)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = ALIGNED.linear(row[None], w, b)[0]
+        torch.set_num_threads(threads)
+        batched = ALIGNED.linear(_embed(row, n, j, n), w, b)[j]
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(alone, batched)
+
+
+def test_standard_linear_is_not_row_invariant(two_threads):
+    g = torch.Generator().manual_seed(0)
+    w, row = torch.randn(896, 1024, generator=g), torch.randn(1024, generator=g)
+    alone = STANDARD.linear(row[None], w, None)[0]
+    diffs = [not torch.equal(alone, STANDARD.linear(_embed(row, n, 0, n), w, None)[0]) for n in (17, 64, 300)]
+    assert any(diffs)
+
+
+@SETTINGS
+@given(h=st.sampled_from([32, 64, 97, 256, 896]), n=st.integers(1, 500), data=st.data())
+def test_aligned_rowwise_ops_invariant(h, n, data):
+    j = data.draw(st.integers(0, n - 1))
+    g = torch.Generator().manual_seed(h + n)
+    row, w = torch.randn(h, generator=g) * 3, torch.randn(h, generator=g)
+    x = _embed(row, n, j, h)
+    assert torch.equal(ALIGNED.rms_norm(row[None], w, 1e-6)[0], ALIGNED.rms_norm(x, w, 1e-6)[j])
+    assert torch.equal(ALIGNED.silu_mul(row[None], row[None])[0], ALIGNED.silu_mul(x, x)[j])
+    assert torch.equal(ALIGNED.log_softmax(row[None])[0], ALIGNED.log_softmax(x)[j])
+
+
+def test_standard_silu_is_not_row_invariant():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4099, generator=g) * 4
+    whole = STANDARD.silu_mul(x, torch.ones_like(x))
+    parts = torch.cat([STANDARD.silu_mul(x[i : i + 7], torch.ones_like(x[i : i + 7])) for i in range(0, 4099, 7)])
+    assert not torch.equal(whole, parts)
+
+
+@pytest.mark.parametrize("n,pad", [(1, 0), (3, 5), (8, 0), (9, 7), (33, 31)])
+def test_tree_sum_ignores_zero_padding(n, pad):
+    x = torch.randn(4, n, 3)
+    padded = torch.cat([x, torch.zeros(4, pad, 3)], dim=1)
+    assert torch.equal(tree_sum(x, 1), tree_sum(padded, 1))
+    torch.testing.assert_close(tree_sum(x, 1), x.sum(1))
+
+
+def _qkv(t: int, hq: int, hkv: int, d: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(t, hq, d, generator=g)
+    k = torch.randn(t, hkv, d, generator=g)
+    v = torch.randn(t, hkv, d, generator=g)
+    return q, k, v
+
+
+def _dense(k: torch.Tensor, length: int) -> torch.Tensor:
+    """[T, Hkv, D] keys of one sequence as [1, Hkv, L, D], L padded to the tile with zeros."""
+    pad = torch.zeros(length - k.shape[0], *k.shape[1:])
+    return torch.cat([k, pad]).transpose(0, 1).unsqueeze(0)
+
+
+def _attention_prefix_checks(kernels, t: int, hq: int, hkv: int, d: int, seed: int) -> list[bool]:
+    """For every query t: row t of the full causal call == query t alone against keys 0..t."""
+    q, k, v = _qkv(t, hq, hkv, d, seed)
+    length = (t + KV_TILE - 1) // KV_TILE * KV_TILE
+    full = kernels.attention(q, _dense(k, length), _dense(v, length), SeqLayout.from_lengths([t]), d**-0.5)
+    same = []
+    for i in range(t):
+        li = (i + 1 + KV_TILE - 1) // KV_TILE * KV_TILE
+        one = kernels.attention(
+            q[i : i + 1], _dense(k[: i + 1], li), _dense(v[: i + 1], li),
+            SeqLayout.from_lengths([1], [i]), d**-0.5,
+        )
+        same.append(torch.equal(full[i], one[0]))
+    return same
+
+
+@settings(max_examples=12, deadline=None)
+@given(t=st.integers(1, 100), heads=st.sampled_from([(4, 2), (4, 4), (14, 2), (2, 1)]),
+       d=st.sampled_from([32, 64]), seed=st.integers(0, 99))
+def test_aligned_attention_row_equals_prefix_query(t, heads, d, seed):
+    assert all(_attention_prefix_checks(ALIGNED, t, *heads, d, seed))
+
+
+def test_standard_attention_differs_somewhere():
+    assert not all(_attention_prefix_checks(STANDARD, 150, 4, 2, 64, 0))
+
+
+@SETTINGS
+@given(lengths=st.lists(st.integers(1, 90), min_size=2, max_size=6), seed=st.integers(0, 99))
+def test_aligned_attention_batch_invariant(lengths, seed):
+    """A sequence's attention output is the same alone and among others of any lengths."""
+    hq, hkv, d = 4, 2, 32
+    seqs = [_qkv(n, hq, hkv, d, seed + i) for i, n in enumerate(lengths)]
+    length = (max(lengths) + KV_TILE - 1) // KV_TILE * KV_TILE
+    q = torch.cat([s[0] for s in seqs])
+    k = torch.cat([_dense(s[1], length) for s in seqs])
+    v = torch.cat([_dense(s[2], length) for s in seqs])
+    together = ALIGNED.attention(q, k, v, SeqLayout.from_lengths(lengths), d**-0.5)
+    start = 0
+    for (qs, ks, vs), n in zip(seqs, lengths, strict=True):
+        ln = (n + KV_TILE - 1) // KV_TILE * KV_TILE
+        alone = ALIGNED.attention(qs, _dense(ks, ln), _dense(vs, ln), SeqLayout.from_lengths([n]), d**-0.5)
+        assert torch.equal(alone, together[start : start + n])
+        start += n
+
+
+def test_aligned_gradients_match_standard():
+    torch.manual_seed(0)
+    hq, hkv, d, t = 4, 2, 16, 70
+    q, k, v = (x.double().requires_grad_() for x in _qkv(t, hq, hkv, d, 3))
+    w = torch.randn(24, hq * d, dtype=torch.float64, requires_grad=True)
+    layout = SeqLayout.from_lengths([t])
+    length = 128
+
+    def loss(kernels):
+        o = kernels.attention(q, _dense(k, length), _dense(v, length), layout, d**-0.5)
+        return kernels.linear(o.reshape(t, -1), w, None).square().sum()
+
+    grads = {}
+    for kernels in (ALIGNED, STANDARD):
+        grads[kernels.mode] = torch.autograd.grad(loss(kernels), (q, k, v, w))
+    for a, b in zip(grads["aligned"], grads["standard"], strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_aligned_gradients_match_finite_differences():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 6, dtype=torch.float64, generator=g, requires_grad=True)
+    w = torch.randn(4, 6, dtype=torch.float64, generator=g, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, b: ALIGNED.linear(a, b, None), (x, w))
+    q, k, v = (t.double().requires_grad_() for t in _qkv(5, 2, 1, 4, 1))
+    layout = SeqLayout.from_lengths([5])
+    assert torch.autograd.gradcheck(
+        lambda a, b, c: ALIGNED.attention(a, _dense(b, 64), _dense(c, 64), layout, 0.5), (q, k, v)
+    )
