@@ -78,5 +78,5 @@ def test_no_weights(tmp_path, qwen2_dir):
     d = tmp_path / "m"
     d.mkdir()
     shutil.copy(qwen2_dir / "config.json", d)
-    with pytest.raises(WeightsError, match="no model.safetensors"):
+    with pytest.raises(WeightsError, match=r"no model\.safetensors"):
         load_model(d)

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from parity.model.config import ModelConfig
-from parity.model.kernels import Kernels, KernelMode, SeqLayout, get_kernels
+from parity.model.kernels import KernelMode, Kernels, SeqLayout, get_kernels
 from parity.model.rope import RotaryTable, apply_rotary
 
 

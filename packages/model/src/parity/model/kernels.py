@@ -19,7 +19,7 @@ in the call, the row's position among them, and the thread count. How, on CPU:
 used as the contrast the parity audit must catch.
 
 Backward passes need only be correct: aligned ops compute their gradients with ordinary
-multi-threaded torch ops.
+multi-threaded torch ops (attention from the probabilities its forward kept).
 """
 
 from __future__ import annotations
@@ -260,11 +260,13 @@ def _scatter_group(out: torch.Tensor, og: torch.Tensor, grp: _Group) -> None:
 
 
 def _attention_aligned_fwd(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: SeqLayout, scale: float
-) -> torch.Tensor:
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: SeqLayout, scale: float,
+    keep_probs: bool = False,
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Output [N, Hq, D] and, if asked, each group's normalised probabilities for backward."""
     out = q.new_empty(q.shape)
-    hkv, d = k.shape[1], k.shape[3]
-    g_heads = q.shape[1] // hkv
+    g_heads = q.shape[1] // k.shape[1]
+    probs = []
     for grp in layout.groups:
         qg, kg, vg = _gather_group(q, k, v, grp)
         s = torch.matmul(qg, kg.transpose(-1, -2)) * scale  # [g, Hkv, GR, L]
@@ -272,11 +274,12 @@ def _attention_aligned_fwd(
         p = torch.exp(s - s.amax(-1, keepdim=True))
         tiles = grp.kv_len // KV_TILE
         pt = p.unflatten(-1, (tiles, KV_TILE))  # [g, Hkv, GR, T, KT]
-        denom = tree_sum(pt.sum(-1), dim=-1)  # [g, Hkv, GR]
+        denom = tree_sum(pt.sum(-1), dim=-1).unsqueeze(-1)  # [g, Hkv, GR, 1]
         pv = torch.matmul(pt.transpose(2, 3), vg.unflatten(2, (tiles, KV_TILE)))  # [g,Hkv,T,GR,D]
-        og = tree_sum(pv, dim=2) / denom.unsqueeze(-1)
-        _scatter_group(out, og, grp)
-    return out
+        _scatter_group(out, tree_sum(pv, dim=2) / denom, grp)
+        if keep_probs:
+            probs.append(p / denom)
+    return out, probs
 
 
 def _attention_standard(
@@ -305,27 +308,42 @@ def _attention_standard(
 
 
 class _AlignedAttention(torch.autograd.Function):
-    """Aligned forward; backward through the standard formulation recomputed with autograd."""
+    """Aligned forward; the usual softmax-attention backward from the saved probabilities."""
 
     @staticmethod
     def forward(ctx, q, k, v, layout, scale):  # type: ignore[override]
-        ctx.save_for_backward(q, k, v)
+        out, probs = _attention_aligned_fwd(q, k, v, layout, scale, keep_probs=True)
+        ctx.save_for_backward(q, k, v, out, *probs)
         ctx.layout, ctx.scale = layout, scale
-        return _attention_aligned_fwd(q, k, v, layout, scale)
+        return out
 
     @staticmethod
-    def backward(ctx, g):  # type: ignore[override]
-        q, k, v = (t.detach().requires_grad_(True) for t in ctx.saved_tensors)
-        with torch.enable_grad():
-            out = _attention_standard(q, k, v, ctx.layout, ctx.scale)
-        gq, gk, gv = torch.autograd.grad(out, (q, k, v), g, allow_unused=True)
+    def backward(ctx, grad):  # type: ignore[override]
+        q, k, v, out, *probs = ctx.saved_tensors
+        gq, gk, gv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        g_heads = q.shape[1] // k.shape[1]
+        for grp, p in zip(ctx.layout.groups, probs, strict=True):
+            qg, kg, vg = _gather_group(q, k, v, grp)
+            # padding rows repeat a real row: their gradient must not count twice
+            dout = _gather_group(grad, k, v, grp)[0] * _real_rows(grp, g_heads)
+            og = _gather_group(out, k, v, grp)[0]
+            ds = p * (dout @ vg.transpose(-1, -2) - (dout * og).sum(-1, keepdim=True)) * ctx.scale
+            _scatter_group(gq, ds @ kg, grp)
+            gk[grp.seqs, :, : grp.kv_len] += ds.transpose(-1, -2) @ qg
+            gv[grp.seqs, :, : grp.kv_len] += p.transpose(-1, -2) @ dout
         return gq, gk, gv, None, None
+
+
+def _real_rows(grp: _Group, g_heads: int) -> torch.Tensor:
+    """[g, 1, G*R, 1]: 1.0 for real rows of the group's query matrix, 0.0 for padding."""
+    n_seq = grp.valid.shape[0]
+    return grp.valid.unsqueeze(1).expand(-1, g_heads, -1).reshape(n_seq, 1, -1, 1).float()
 
 
 def _attention_aligned(q, k, v, layout, scale):
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return _AlignedAttention.apply(q, k, v, layout, scale)
-    return _attention_aligned_fwd(q, k, v, layout, scale)
+    return _attention_aligned_fwd(q, k, v, layout, scale)[0]
 
 
 # ----------------------------------------------------------------------------- the switch

@@ -1,0 +1,62 @@
+"""Registering environments with gymnasium under `parity/...` ids, with a one-line description.
+
+    register_env("parity/MyTask-v0", "my_pkg.my_env:MyEnv", "What the task is, in one line.")
+    env = gymnasium.make("parity/MyTask-v0", difficulty=2)   # kwargs go to MyEnv.__init__
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import gymnasium as gym
+from gymnasium.envs.registration import load_env_creator
+
+_DESCRIPTIONS: dict[str, str] = {}
+
+
+def register_env(env_id: str, entry_point: str, description: str, **kwargs: Any) -> None:
+    """Register `entry_point` ("module:Class") as `env_id` ("parity/Name-vN"); `kwargs` are
+    default constructor arguments. Registering the same id again replaces it."""
+    if not env_id.startswith("parity/"):
+        raise ValueError(f"env id {env_id!r} must start with 'parity/'")
+    if "\n" in description or not description.strip():
+        raise ValueError(f"{env_id}: description must be one non-empty line")
+    if env_id in gym.registry:
+        del gym.registry[env_id]
+    gym.register(id=env_id, entry_point=entry_point, kwargs=kwargs)
+    _DESCRIPTIONS[env_id] = description
+
+
+def list_envs() -> list[dict[str, str]]:
+    """Every registered `parity/...` env: [{"id", "description", "entry_point"}], by id.
+
+    Envs registered with plain `gymnasium.register` are described by the first line of
+    their class docstring."""
+    return [
+        {"id": env_id, "description": _DESCRIPTIONS.get(env_id) or _docstring(env_id),
+         "entry_point": str(gym.registry[env_id].entry_point)}
+        for env_id in sorted(gym.registry) if env_id.startswith("parity/")
+    ]
+
+
+def _docstring(env_id: str) -> str:
+    entry = gym.registry[env_id].entry_point
+    try:
+        cls = load_env_creator(entry) if isinstance(entry, str) else entry
+    except Exception as e:  # an env whose module does not import is still listed
+        return f"(cannot import {entry}: {type(e).__name__})"
+    return ((cls.__doc__ or "").strip().splitlines() or [""])[0]
+
+
+def make_env(env_id: str, **kwargs: Any) -> Any:
+    """`gymnasium.make(env_id, **kwargs).unwrapped`: the env itself, with `areset`/`astep`,
+    and with a clear error for an unknown id. "my_pkg.envs:parity/X-v0" imports `my_pkg.envs`
+    first (where it registers itself), as gymnasium.make does."""
+    if ":" in env_id:
+        module, env_id = env_id.split(":", 1)
+        importlib.import_module(module)
+    if env_id not in gym.registry:
+        known = ", ".join(e["id"] for e in list_envs())
+        raise ValueError(f"unknown environment {env_id!r}; registered: {known}")
+    return gym.make(env_id, **kwargs).unwrapped

@@ -1,0 +1,76 @@
+"""`parity bench learner`: training-forward speed, aligned vs standard, measured side by side.
+
+Both modes run on the same weights and tokens, interleaved round by round so machine noise
+hits both alike; the figure per mode is the median round.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from parity.model.config import ModelConfig
+from parity.model.decoder import Decoder
+from parity.model.logprobs import token_logprobs
+from parity.model.shapes import SHAPES
+
+
+@dataclass
+class Case:
+    shape: str
+    batch: int
+    seq_len: int
+    rounds: int
+
+
+CASES = [Case("tiny", 32, 128, 5), Case("qwen2-0.5b", 1, 256, 2)]
+
+
+def _tokens_per_s(fn: Callable[[], None], tokens: int) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return tokens / (time.perf_counter() - t0)
+
+
+def bench_case(case: Case, cfg: ModelConfig, progress: Callable[[str], None] = lambda _: None) -> dict:
+    torch.manual_seed(0)
+    model = Decoder(cfg, "aligned")
+    tokens = torch.randint(0, cfg.vocab_size, (case.batch, case.seq_len))
+    n = case.batch * (case.seq_len - 1)
+
+    def fwd_bwd() -> None:
+        model.zero_grad(set_to_none=True)
+        token_logprobs(model, tokens).mean().backward()
+
+    def fwd() -> None:
+        with torch.no_grad():
+            token_logprobs(model, tokens)
+
+    results: dict[str, dict[str, list[float]]] = {"fwd_bwd": {}, "fwd": {}}
+    for r in range(case.rounds + 1):  # round 0 warms up both modes
+        for mode in ("aligned", "standard"):
+            model.set_kernels(mode)
+            progress(f"{case.shape} round {r}/{case.rounds} {mode}")
+            for kind, fn in (("fwd_bwd", fwd_bwd), ("fwd", fwd)):
+                tps = _tokens_per_s(fn, n)
+                if r:
+                    results[kind].setdefault(mode, []).append(tps)
+    out: dict = {"shape": case.shape, "batch": case.batch, "seq_len": case.seq_len,
+                 "params": sum(p.numel() for p in model.parameters()), "rounds": case.rounds}
+    for kind, per_mode in results.items():
+        a, s = statistics.median(per_mode["aligned"]), statistics.median(per_mode["standard"])
+        out[kind] = {"aligned_tokens_per_s": round(a, 1), "standard_tokens_per_s": round(s, 1),
+                     "ratio": round(a / s, 3)}
+    return out
+
+
+def run(shapes: list[str] | None = None, progress: Callable[[str], None] = lambda _: None) -> dict:
+    cases = [c for c in CASES if shapes is None or c.shape in shapes]
+    return {
+        "threads": torch.get_num_threads(),
+        "cases": [bench_case(c, SHAPES[c.shape], progress) for c in cases],
+    }
