@@ -1,1 +1,27 @@
-"""parity.sandboxes: Isolated execution of model-written code: local namespaces and Docker backends, pools."""
+"""parity.sandboxes: isolated execution of model-written code.
+
+    from parity.sandboxes import Limits, open_sandbox
+    with open_sandbox("local", limits=Limits(timeout_s=5)) as sb:
+        r = sb.run_python("print(1)")      # ExecResult(exit_code=0, stdout="1\\n", ...)
+
+Backends: "local" (bubblewrap + cgroups or rlimits) and "docker" (docker SDK). SandboxPool
+keeps warm sandboxes for repeated use.
+"""
+
+from parity.sandboxes.backends import BACKENDS, check_backends, open_sandbox
+from parity.sandboxes.limits import Limits
+from parity.sandboxes.pool import SandboxPool
+from parity.sandboxes.result import ExecResult, SandboxError
+from parity.sandboxes.sandbox import PythonSession, Sandbox
+
+__all__ = [
+    "BACKENDS",
+    "ExecResult",
+    "Limits",
+    "PythonSession",
+    "Sandbox",
+    "SandboxError",
+    "SandboxPool",
+    "check_backends",
+    "open_sandbox",
+]

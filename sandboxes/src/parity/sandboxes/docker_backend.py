@@ -1,0 +1,209 @@
+"""The `docker` backend: the helper as PID 1 of a locked-down container (docker SDK for Python).
+
+The container has no network (`network_mode="none"`), memory == memory+swap, a CPU quota, a
+pids limit, a read-only root with size-capped tmpfs /work and /tmp, no capabilities,
+no-new-privileges, and runs as uid 65534. It is labelled `parity.sandbox=1` (plus its owner
+host and pid) so `remove_stale_containers` can clean up after a crashed owner. The image is
+built locally by scripts/build_sandbox_image.sh (sandboxes/docker/Dockerfile with a registry).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import time
+import uuid
+from typing import Any
+
+from parity.sandboxes.limits import Limits
+from parity.sandboxes.result import SandboxError
+from parity.sandboxes.sandbox import Sandbox, helper_argv
+
+DEFAULT_IMAGE = os.environ.get("PARITY_SANDBOX_IMAGE", "parity-sandbox:bookworm")
+LABEL = "parity.sandbox"
+HOW_TO_START = (
+    "start one with `bash scripts/docker_up.sh` (runs `dockerd --bridge=none` and builds the "
+    "image) or point DOCKER_HOST at a running engine"
+)
+
+
+def docker_client() -> Any:
+    """A client for the engine DOCKER_HOST names (default the local socket), checked to answer."""
+    import docker
+
+    try:
+        client = docker.from_env(timeout=60)
+        client.ping()
+    except Exception as exc:
+        raise SandboxError(f"no Docker engine answers ({exc}); {HOW_TO_START}") from exc
+    return client
+
+
+class AttachTransport:
+    """The container's stdin/stdout through the engine's attach socket.
+
+    Without a TTY the engine multiplexes stdout and stderr into frames of an 8-byte header
+    (stream id, 3 zero bytes, big-endian length) and a payload; only stdout is the protocol.
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._raw = bytearray()
+        self._out = bytearray()
+        self.stderr_tail = bytearray()
+
+    def send(self, data: bytes) -> None:
+        self._sock.sendall(data)
+
+    def recv(self, n: int, deadline: float) -> bytes:
+        while not self._out:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the sandbox helper did not answer in time")
+            self._sock.settimeout(left)
+            try:
+                chunk = self._sock.recv(1 << 16)
+            except TimeoutError:
+                raise TimeoutError("the sandbox helper did not answer in time") from None
+            if not chunk:
+                return b""
+            self._raw += chunk
+            self._demux()
+        data = bytes(self._out[:n])
+        del self._out[:n]
+        return data
+
+    def _demux(self) -> None:
+        while len(self._raw) >= 8:
+            stream, size = self._raw[0], struct.unpack(">I", self._raw[4:8])[0]
+            if len(self._raw) < 8 + size:
+                return
+            payload = self._raw[8 : 8 + size]
+            del self._raw[: 8 + size]
+            if stream == 1:
+                self._out += payload
+            else:
+                self.stderr_tail = (self.stderr_tail + payload)[-4096:]
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+class DockerSandbox(Sandbox):
+    """A container sandbox; see the module docstring for its settings."""
+
+    backend = "docker"
+
+    def __init__(
+        self,
+        limits: Limits | None = None,
+        image: str = DEFAULT_IMAGE,
+        client: Any = None,
+        start_timeout_s: float = 60.0,
+    ) -> None:
+        import docker
+
+        super().__init__(limits or Limits())
+        self._container: Any = None
+        self.client = client or docker_client()
+        lim = self.limits
+        tmpfs_opts = f"size={lim.disk_mb}m,mode=1777,nosuid,nodev"
+        try:
+            api = self.client.api
+            host_config = api.create_host_config(
+                network_mode="none",
+                mem_limit=f"{lim.memory_mb}m",
+                memswap_limit=f"{lim.memory_mb}m",
+                nano_cpus=int(lim.cpus * 1e9),
+                pids_limit=lim.max_procs + 1,  # + the helper
+                read_only=True,
+                tmpfs={"/work": tmpfs_opts, "/tmp": tmpfs_opts},
+                shm_size=f"{min(lim.disk_mb, 64)}m",
+                cap_drop=["ALL"],
+                security_opt=["no-new-privileges"],
+                auto_remove=True,
+            )
+            created = api.create_container(
+                image,
+                # The container's cgroup bounds memory and pids; per-uid RLIMIT_NPROC would
+                # be shared with every other container running as uid 65534 on the host.
+                command=helper_argv(
+                    "python3", {**lim.model_dump(), "rlimit_as": False, "rlimit_nproc": False}
+                ),
+                name=f"parity-sb-{uuid.uuid4().hex[:12]}",
+                user="65534:65534",
+                working_dir="/work",
+                environment={"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"},
+                hostname="sandbox",
+                labels={LABEL: "1", f"{LABEL}.owner": f"{socket.gethostname()}:{os.getpid()}"},
+                # Attached stdin with StdinOnce (what detach=False sets): when this process dies
+                # the engine closes the helper's stdin, the helper (PID 1) exits, the kernel
+                # kills the rest and the engine removes the container.
+                stdin_open=True,
+                detach=False,
+                host_config=host_config,
+            )
+            self._container = self.client.containers.get(created["Id"])
+            sock = self.client.api.attach_socket(
+                self._container.id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
+            )
+            self._container.start()
+        except docker.errors.ImageNotFound as exc:
+            self._destroy()
+            raise SandboxError(
+                f"sandbox image {image!r} is missing: build it with "
+                "`bash scripts/build_sandbox_image.sh` (or `docker build -t "
+                f"{image} sandboxes/docker` where a registry is reachable)"
+            ) from exc
+        except docker.errors.DockerException as exc:
+            self._destroy()
+            raise SandboxError(f"could not start a sandbox container: {exc}") from exc
+        transport = AttachTransport(sock._sock)
+        try:
+            self._connect(transport, start_timeout_s)
+        except SandboxError as exc:
+            said = transport.stderr_tail.decode(errors="replace").strip() or "(nothing)"
+            self.close()
+            raise SandboxError(f"{exc}; the container said: {said}") from exc
+
+    @property
+    def container_id(self) -> str:
+        return self._container.id
+
+    def _destroy(self) -> None:
+        if self._container is None:
+            return
+        import docker
+
+        try:
+            self._container.remove(force=True)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as exc:  # auto-removal may have started first
+            if "in progress" not in str(exc):
+                raise
+        self._container = None
+
+
+def remove_stale_containers(client: Any = None) -> int:
+    """Remove sandbox containers of this host whose owning process is gone; return how many."""
+    client = client or docker_client()
+    host = socket.gethostname()
+    removed = 0
+    for container in client.containers.list(all=True, filters={"label": f"{LABEL}=1"}):
+        owner_host, _, pid = container.labels.get(f"{LABEL}.owner", ":").partition(":")
+        if owner_host == host and pid.isdigit() and not _pid_alive(int(pid)):
+            container.remove(force=True)
+            removed += 1
+    return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
