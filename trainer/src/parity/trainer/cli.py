@@ -9,6 +9,7 @@ import typer
 
 from parity.engine.cli import audit, bench_engine
 from parity.envs.cli import app as envs_app
+from parity.envs.desktop.cli import bench_desktop
 from parity.model.cli import bench_learner
 from parity.sandboxes.cli import app as sandbox_app
 from parity.sandboxes.cli import bench_sandbox
@@ -31,6 +32,7 @@ bench_app.command("learner")(bench_learner)
 bench_app.command("engine")(bench_engine)
 bench_app.command("sandbox")(bench_sandbox)
 bench_app.command("async")(bench_async)
+bench_app.command("desktop")(bench_desktop)
 app.add_typer(bench_app, name="bench")
 app.add_typer(sandbox_app, name="sandbox", help="Run commands in a sandbox; check backends.")
 app.add_typer(envs_app, name="envs", help="List, check and play environments.")

@@ -1,0 +1,141 @@
+"""Where a desktop step's time goes: latency percentiles, the per-phase breakdown, reset time,
+settle-until-stable against OSWorld's fixed sleep, and how many desktops share 2 cores.
+
+Every episode plays a task's scripted oracle solution through the env's real step(), so a
+"step" here is exactly what an agent's step costs minus the model.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import threading
+import time
+
+from .env import DesktopEnv
+from .solutions import play
+from .tasks import load_tasks
+
+PHASES = ("parse_s", "action_s", "settle_s", "screenshot_s", "tree_s", "eval_s")
+OSWORLD_SLEEP_S = 2.0
+"""OSWorld's pause after every action (its `sleep_after_execution` in the published runs)."""
+SEED_TRAINING_STEP_S = (884.17, 944.25)
+"""The seed's OSWorld seconds per training step (standard + gate, aligned)."""
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] if ordered else 0.0
+
+
+def _rss_mb(root: int) -> float:
+    """Resident memory of a process tree in MB (from /proc)."""
+    total, stack, children = 0, [root], {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                children.setdefault(int(fields[1]), []).append((int(entry), int(fields[21])))
+            except (OSError, IndexError):
+                continue
+    while stack:
+        for pid, rss_pages in children.get(stack.pop(), []):
+            total += rss_pages
+            stack.append(pid)
+    return total * os.sysconf("SC_PAGE_SIZE") / 1e6
+
+
+def _episodes(env: DesktopEnv, task_ids: list[str],
+              errors: list[str]) -> tuple[list[dict], list[dict], list[float]]:
+    """Play each task's oracle; returns (step timings, reset timings, rewards).
+
+    An episode that raises (e.g. an app too slow to open under load) scores 0 and its message
+    is appended to `errors`.
+    """
+    steps, resets, rewards = [], [], []
+    for task_id in task_ids:
+        try:
+            reward, timings = play(env, task_id, "oracle")
+        except Exception as e:  # measured, not fatal: the report counts it
+            errors.append(f"{task_id}: {e}")
+            rewards.append(0.0)
+            continue
+        resets.append(timings[0])
+        steps.extend(timings[1:])
+        rewards.append(reward)
+    return steps, resets, rewards
+
+
+def _summary(steps: list[dict], resets: list[dict], rewards: list[float]) -> dict:
+    step_s = [t["step_s"] for t in steps]
+    reset_s = [t["reset_s"] + t["setup_s"] + t["sandbox_s"] for t in resets]
+    total = sum(step_s) or 1.0
+    return {
+        "episodes": len(rewards), "steps": len(steps), "success_rate": sum(rewards) / max(1, len(rewards)),
+        "step_p50_s": _pct(step_s, 0.5), "step_p99_s": _pct(step_s, 0.99), "step_mean_s": statistics.fmean(step_s),
+        "breakdown_mean_s": {p: statistics.fmean(t.get(p, 0.0) for t in steps) for p in PHASES},
+        "breakdown_share": {p: sum(t.get(p, 0.0) for t in steps) / total for p in PHASES},
+        "reset_p50_s": _pct(reset_s, 0.5), "reset_p99_s": _pct(reset_s, 0.99),
+    }
+
+
+def _concurrent(n: int, task_ids: list[str], backend: str) -> dict:
+    envs = [DesktopEnv(backend=backend, obs_mode="screenshot_a11y_tree") for _ in range(n)]
+    out: list[tuple[list[dict], list[dict], list[float]]] = [([], [], [])] * n
+    rss: list[float] = [0.0] * n
+    errors: list[str] = []
+
+    def run(i: int) -> None:
+        out[i] = _episodes(envs[i], task_ids, errors)
+        if envs[i].sandbox is not None and envs[i].sandbox._proc is not None:
+            rss[i] = _rss_mb(envs[i].sandbox._proc.pid)
+
+    start = time.monotonic()
+    try:
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        for e in envs:
+            e.close()
+    wall = time.monotonic() - start
+    steps = [s for o in out for s in o[0]]
+    summary = _summary(steps, [r for o in out for r in o[1]], [w for o in out for w in o[2]])
+    return {"desktops": n, "wall_s": wall, "steps_per_s": len(steps) / wall, "errors": errors[:5],
+            "rss_mb_per_desktop": statistics.fmean(rss) if any(rss) else None,
+            **{k: summary[k] for k in ("success_rate", "step_p50_s", "step_p99_s", "reset_p50_s")}}
+
+
+def run_benchmark(backend: str = "local", levels: tuple[int, ...] = (1, 2, 4, 8, 16, 32),
+                  p99_budget_s: float = 1.0) -> dict:
+    """Measure everything in one run; `p99_budget_s` decides how many desktops "fit" on this machine."""
+    tasks = [t.id for t in load_tasks()]
+    errors: list[str] = []
+    env = DesktopEnv(backend=backend, obs_mode="screenshot_a11y_tree")
+    try:
+        start = time.monotonic()
+        env.reset(options={"task_id": tasks[0]})
+        cold_start_s = time.monotonic() - start
+        settle = _summary(*_episodes(env, tasks, errors))
+    finally:
+        env.close()
+    sample = tasks[::4]  # a few tasks under OSWorld's fixed sleep: same actions, fixed pauses
+    fixed_env = DesktopEnv(backend=backend, obs_mode="screenshot_a11y_tree", fixed_sleep_s=OSWORLD_SLEEP_S)
+    try:
+        fixed = _summary(*_episodes(fixed_env, sample, errors))
+    finally:
+        fixed_env.close()
+    concurrency = [_concurrent(n, tasks[:5], backend) for n in levels]
+    fits = [c["desktops"] for c in concurrency if c["step_p99_s"] <= p99_budget_s and c["success_rate"] == 1.0]
+    return {
+        "backend": backend, "cpus": os.cpu_count(), "screen": "1024x768", "obs_mode": "screenshot_a11y_tree",
+        "cold_start_s": cold_start_s, "settle": settle,
+        "fixed_sleep": {"sleep_s": OSWORLD_SLEEP_S, "tasks": sample, **fixed,
+                        "step_p50_ratio_vs_settle": fixed["step_p50_s"] / settle["step_p50_s"]},
+        "concurrency": concurrency, "p99_budget_s": p99_budget_s,
+        "max_concurrent_desktops_within_budget": max(fits, default=0), "errors": errors[:5],
+        "seed_osworld_training_step_s": list(SEED_TRAINING_STEP_S),
+    }

@@ -1,0 +1,38 @@
+"""`parity bench desktop`: the lead registers `bench_desktop` under the `bench` command group."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+
+
+def bench_desktop(
+    json_: bool = typer.Option(False, "--json", help="print one JSON object"),
+    backend: str = typer.Option("local", help="local (bubblewrap) or docker"),
+) -> None:
+    """Desktop step latency p50/p99 and its breakdown, reset time, settle vs fixed sleep, and
+    how many desktops run at once on this machine."""
+    from parity.envs.desktop.bench import PHASES, run_benchmark
+
+    r = run_benchmark(backend)
+    if json_:
+        typer.echo(json.dumps(r, indent=2))
+        return
+    s, f = r["settle"], r["fixed_sleep"]
+    typer.echo(f"desktop ({r['backend']}, {r['cpus']} CPUs, {r['screen']}, {r['obs_mode']}): "
+               f"{s['episodes']} oracle episodes, {s['steps']} steps, success {s['success_rate']:.2f}")
+    typer.echo(f"  step p50 {s['step_p50_s'] * 1e3:.0f} ms, p99 {s['step_p99_s'] * 1e3:.0f} ms; "
+               f"reset p50 {s['reset_p50_s'] * 1e3:.0f} ms, p99 {s['reset_p99_s'] * 1e3:.0f} ms; "
+               f"cold start {r['cold_start_s']:.2f} s")
+    typer.echo("  where a step goes: " + ", ".join(
+        f"{p[:-2]} {s['breakdown_mean_s'][p] * 1e3:.0f} ms ({s['breakdown_share'][p]:.0%})" for p in PHASES))
+    typer.echo(f"  OSWorld-style fixed {f['sleep_s']:g} s sleep: step p50 {f['step_p50_s']:.2f} s = "
+               f"{f['step_p50_ratio_vs_settle']:.1f}x the settle-until-stable step")
+    for c in r["concurrency"]:
+        rss = f"{c['rss_mb_per_desktop']:.0f} MB" if c["rss_mb_per_desktop"] else "n/a"
+        typer.echo(f"  {c['desktops']} desktops at once: step p50 {c['step_p50_s'] * 1e3:.0f} ms, "
+                   f"p99 {c['step_p99_s'] * 1e3:.0f} ms, {c['steps_per_s']:.1f} steps/s, "
+                   f"success {c['success_rate']:.2f}, {rss} each"
+                   + (f"; first error: {c['errors'][0]}" if c["errors"] else ""))
+    typer.echo(f"  desktops within a {r['p99_budget_s']:g} s step p99: {r['max_concurrent_desktops_within_budget']}")

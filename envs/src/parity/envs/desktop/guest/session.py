@@ -1,0 +1,283 @@
+"""One desktop: Xvfb + openbox + the apps and commands that tasks start, and their reset.
+
+Runs inside the sandbox. Resetting kills every descendant of the server except the X server
+and the window manager (the server is a child subreaper, so daemons that double-fork are
+still its descendants) and empties the home.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from ctypes import CDLL
+
+from .screen import Framebuffer
+
+APPS: dict[str, list[str]] = {
+    "textedit": [sys.executable, "-m", "guest.apps.textedit"],
+    "files": [sys.executable, "-m", "guest.apps.files"],
+    "sheet": [sys.executable, "-m", "guest.apps.sheet"],
+    "settings": [sys.executable, "-m", "guest.apps.settings"],
+    "terminal": ["xterm", "-fa", "DejaVu Sans Mono", "-fs", "11", "-bg", "white", "-fg", "black"],
+}
+"""Launchable app names → command lines (a task's `launch` may also give a full command)."""
+
+_OPENERS = {".csv": "sheet"}
+
+
+class SessionError(RuntimeError):
+    """A setup step or query that failed; the message says which and why."""
+
+
+class Session:
+    """The X server, the window manager and everything started on them."""
+
+    def __init__(self, run_dir: str, home: str, width: int, height: int) -> None:
+        self.run_dir, self.home, self.width, self.height = run_dir, home, width, height
+        self.a11y_dir = os.path.join(run_dir, "a11y")
+        self.fb = Framebuffer(os.path.join(run_dir, "fb", "Xvfb_screen0"))
+        self.env = {
+            "PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "DISPLAY": ":0", "LANG": "C.UTF-8",
+            "PARITY_A11Y_DIR": self.a11y_dir, "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
+            "USER": "user", "SHELL": "/bin/sh", "TERM": "xterm",
+        }
+        self.xvfb: subprocess.Popen | None = None
+        self.wm: subprocess.Popen | None = None
+        self.log = sys.stderr  # the sandbox's log: the host keeps it (server.log or the container log)
+        os.makedirs(run_dir, exist_ok=True)
+
+    def start(self) -> None:
+        """Start Xvfb and openbox and wait until both are ready."""
+        _become_subreaper()
+        os.makedirs(os.path.join(self.run_dir, "fb"), exist_ok=True)
+        os.makedirs(self.a11y_dir, exist_ok=True)
+        read_fd, write_fd = os.pipe()
+        self.xvfb = subprocess.Popen(
+            ["Xvfb", ":0", "-screen", "0", f"{self.width}x{self.height}x24", "-fbdir",
+             os.path.join(self.run_dir, "fb"), "-nolisten", "tcp", "-br", "-noreset", "-displayfd", str(write_fd)],
+            pass_fds=(write_fd,), stdout=self.log, stderr=self.log, env=self.env)
+        os.close(write_fd)
+        with os.fdopen(read_fd) as ready:  # Xvfb writes the display number once it accepts clients
+            if not ready.readline().strip():
+                raise SessionError(f"Xvfb exited during start (code {self.xvfb.wait()})")
+        self.wm = subprocess.Popen(["openbox", "--config-file", self._openbox_config()],
+                                   stdout=self.log, stderr=self.log, env=self.env)
+        self._wait(lambda: "window id" in self._x(["xprop", "-root", "_NET_SUPPORTING_WM_CHECK"]), 30, "openbox")
+        self.reset()
+
+    def _openbox_config(self) -> str:
+        """The Debian default rc.xml with one rule: every window opens maximised and focused."""
+        with open("/etc/xdg/openbox/rc.xml", encoding="utf-8") as f:
+            text = f.read()
+        rule = ('<applications><application class="*"><decor>yes</decor><focus>yes</focus>'
+                "<maximized>true</maximized></application></applications>")
+        text = re.sub(r"<applications>.*</applications>", rule, text, flags=re.DOTALL)
+        path = os.path.join(self.run_dir, "rc.xml")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        return path
+
+    def dead(self) -> str | None:
+        """Why the desktop is unusable (X server or window manager exited), or None if it is fine."""
+        for label, proc in (("X server", self.xvfb), ("window manager", self.wm)):
+            if proc is None:
+                return f"{label} not started"
+            if proc.poll() is not None:
+                return f"{label} exited with code {proc.returncode}"
+        return None
+
+    def reset(self) -> None:
+        """Kill everything tasks started, empty the home, park the pointer; the screen is then blank."""
+        keep = {p.pid for p in (self.xvfb, self.wm) if p is not None}
+        doomed = _descendants(os.getpid()) - keep - _descendants_of(keep)
+        for pid in doomed:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for pid in doomed:  # reap: killed orphans were re-parented to us
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+        self._wait(lambda: not self.windows(), 5, "windows to close")
+        for entry in os.listdir(self.home):
+            full = os.path.join(self.home, entry)
+            shutil.rmtree(full) if os.path.isdir(full) and not os.path.islink(full) else os.remove(full)
+        for entry in os.listdir(self.a11y_dir):
+            os.remove(os.path.join(self.a11y_dir, entry))
+        self._x(["xdotool", "mousemove", str(self.width - 1), str(self.height - 1)])
+
+    # --- setup steps (OSWorld `config` entries) -------------------------------------------
+
+    def launch(self, command: list[str], attempts: int = 3, window_timeout: float = 10.0) -> int:
+        """Start an app (a name from APPS, with arguments) or a command; wait for its window.
+
+        An app whose window does not appear within `window_timeout` is killed and started
+        again: under load (many desktops starting at once, docker CPU quotas) about one Tk
+        start in four hangs in Tcl's notifier before its first window, and a fresh start works.
+        """
+        if not command or not all(isinstance(c, str) for c in command):
+            raise SessionError(f"launch: command must be a non-empty list of strings, got {command!r}")
+        argv = [*APPS[command[0]], *command[1:]] if command[0] in APPS else command
+        for _ in range(attempts):
+            before = set(self.windows())
+            try:
+                proc = subprocess.Popen(argv, cwd=self.home, env=self.env, stdout=self.log, stderr=self.log,
+                                        stdin=subprocess.DEVNULL, start_new_session=True)
+            except OSError as e:
+                raise SessionError(f"launch {command[0]!r}: {e}") from e
+            try:
+                self._wait(lambda before=before, proc=proc: bool(set(self.windows()) - before)
+                           or proc.poll() is not None, window_timeout, f"a window from {command[0]!r}")
+            except SessionError:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                continue
+            if proc.poll() is not None:
+                raise SessionError(f"launch {command[0]!r}: exited with code {proc.returncode}")
+            return proc.pid
+        raise SessionError(f"launch {command[0]!r}: no window after {attempts} starts of {window_timeout:g} s")
+
+    def open(self, path: str) -> int:
+        """Open a file or folder in its app: folders in files, .csv in sheet, the rest in textedit."""
+        full = self.path(path)
+        app = "files" if os.path.isdir(full) else _OPENERS.get(os.path.splitext(full)[1], "textedit")
+        return self.launch([app, full])
+
+    def execute(self, command: list[str] | str, shell: bool = False, timeout: float = 20) -> dict:
+        """Run a command to completion in the home; returns returncode, stdout, stderr."""
+        try:
+            done = subprocess.run(command, shell=shell, cwd=self.home, env=self.env, capture_output=True,
+                                  text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise SessionError(f"execute {command!r}: {e}") from e
+        return {"returncode": done.returncode, "stdout": done.stdout[-10000:], "stderr": done.stderr[-10000:]}
+
+    def write_file(self, path: str, content: str) -> None:
+        """Create a file (and its folders) in the desktop's file system."""
+        full = self.path(path)
+        os.makedirs(os.path.dirname(full), exist_ok=True)
+        with open(full, "w", encoding="utf-8") as f:
+            f.write(content)
+
+    def activate(self, window_name: str, strict: bool = False) -> None:
+        """Raise and focus the first window whose title contains (or, strict, equals) the name."""
+        for wid, title in self.windows().items():
+            if (title == window_name) if strict else (window_name in title):
+                self._x(["xdotool", "windowactivate", "--sync", wid])
+                return
+        raise SessionError(f"activate_window: no window titled {window_name!r}")
+
+    def close(self, window_name: str) -> None:
+        """Ask the first window whose title contains the name to close."""
+        for wid, title in self.windows().items():
+            if window_name in title:
+                self._x(["xdotool", "windowclose", wid])
+                return
+        raise SessionError(f"close_window: no window titled {window_name!r}")
+
+    # --- queries (evaluation getters and the accessibility tree) ---------------------------
+
+    def path(self, path: str) -> str:
+        """A task path ('~/x' or absolute) as a path in this file system."""
+        if path == "~" or path.startswith("~/"):
+            return os.path.join(self.home, path[2:])
+        return path
+
+    def windows(self) -> dict[str, str]:
+        """Managed windows in stacking order (bottom first): window id → title."""
+        out = self._x(["xprop", "-root", "_NET_CLIENT_LIST_STACKING"])
+        ids = re.findall(r"0x[0-9a-f]+", out.split("#", 1)[1]) if "#" in out else []
+        return {wid: self._title(wid) for wid in ids}
+
+    def active(self) -> str | None:
+        """The id of the focused window, or None."""
+        m = re.search(r"window id # (0x[0-9a-f]+)", self._x(["xprop", "-root", "_NET_ACTIVE_WINDOW"]))
+        return None if m is None or int(m.group(1), 16) == 0 else m.group(1)
+
+    def geometry(self, wid: str) -> tuple[int, int, int, int]:
+        """(x, y, width, height) of a window on screen."""
+        out = self._x(["xwininfo", "-id", wid])
+        get = [int(re.search(rf"{k}:\s+(-?\d+)", out).group(1))  # type: ignore[union-attr]
+               for k in ("Absolute upper-left X", "Absolute upper-left Y", "Width", "Height")]
+        return get[0], get[1], get[2], get[3]
+
+    def app_trees(self, timeout: float = 1.0) -> dict[str, dict]:
+        """Each Tk app's widget tree keyed by its window title; a hung app maps to {"hung": True}."""
+        trees: dict[str, dict] = {}
+        for entry in sorted(os.listdir(self.a11y_dir)):
+            path = os.path.join(self.a11y_dir, entry)
+            conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            conn.settimeout(timeout)
+            try:
+                conn.connect(path)
+                data = b""
+                while chunk := conn.recv(65536):
+                    data += chunk
+                doc = json.loads(data)
+                trees[doc["title"]] = doc
+            except (ConnectionRefusedError, FileNotFoundError):
+                os.remove(path)  # the app is gone
+            except (OSError, ValueError):
+                trees[f"pid:{entry.split('.')[0]}"] = {"hung": True, "pid": int(entry.split(".")[0])}
+            finally:
+                conn.close()
+        return trees
+
+    # --- helpers ---------------------------------------------------------------------------
+
+    def _title(self, wid: str) -> str:
+        out = self._x(["xprop", "-id", wid, "_NET_WM_NAME", "WM_NAME"])
+        m = re.search(r'= "(.*)"', out)
+        return m.group(1).encode("latin-1", "replace").decode("utf-8", "replace") if m else ""
+
+    def _x(self, cmd: list[str]) -> str:
+        done = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=10)
+        return done.stdout
+
+    def _wait(self, ready, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while not ready():
+            if time.monotonic() > deadline:
+                raise SessionError(f"timed out after {timeout:g} s waiting for {what}")
+            time.sleep(0.05)
+
+
+def _become_subreaper() -> None:
+    """Adopt orphaned descendants (daemons that double-fork), so reset can find and kill them."""
+    pr_set_child_subreaper = 36
+    if CDLL(None, use_errno=True).prctl(pr_set_child_subreaper, 1, 0, 0, 0) != 0:
+        raise SessionError("prctl(PR_SET_CHILD_SUBREAPER) failed")
+
+
+def _descendants_of(roots: set[int]) -> set[int]:
+    """Every live process below any of `roots`."""
+    return set().union(*(_descendants(r) for r in roots))
+
+
+def _descendants(root: int) -> set[int]:
+    """Every live process below `root` (by parent links in /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found: set[int] = set()
+    stack = [root]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            if child not in found:
+                found.add(child)
+                stack.append(child)
+    return found

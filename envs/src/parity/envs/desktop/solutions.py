@@ -1,0 +1,49 @@
+"""Scripted solutions: play a task's "oracle" or "wrong" steps through the env's own step().
+
+A step's optional `target` ({"name": ..., "tag": ...}) is looked up in the accessibility tree
+at that moment and its centre becomes the action's x and y, so scripts survive layout changes.
+"""
+
+from __future__ import annotations
+
+import json
+
+from .env import DesktopEnv
+
+
+class SolutionError(RuntimeError):
+    """A scripted step could not be played (missing target, rejected action)."""
+
+
+def resolve(step: dict, rows: list[dict]) -> str | dict:
+    """The step's action with x, y filled in from its target, if it has one."""
+    action = step["action"]
+    target = step.get("target")
+    if target is None:
+        return action
+    for row in rows:
+        if row["name"] == target["name"] and target.get("tag", row["tag"]) == row["tag"]:
+            params = {**action.get("parameters", {}), "x": row["x"] + row["w"] // 2, "y": row["y"] + row["h"] // 2}
+            return {**action, "parameters": params}
+    raise SolutionError(f"target {target} not in the accessibility tree: {[r['name'] for r in rows]}")
+
+
+def play(env: DesktopEnv, task_id: str, which: str = "oracle",
+         seed: int | None = None) -> tuple[float, list[dict[str, float]]]:
+    """Reset to `task_id`, play its `which` solution, end with DONE.
+
+    Returns (reward, timings): env.last_timing after the reset and after each step.
+    """
+    env.reset(seed=seed, options={"task_id": task_id})
+    assert env.task is not None
+    steps = [*env.task.solutions[which], {"action": "DONE"}]
+    timings = [env.last_timing]
+    for step in steps:
+        action = resolve(step, env.rows() if "target" in step else [])
+        _, reward, terminated, truncated, info = env.step(json.dumps(action) if isinstance(action, dict) else action)
+        timings.append(env.last_timing)
+        if "error" in info:
+            raise SolutionError(f"{task_id}/{which}: step {step} was rejected: {info['error']}")
+        if terminated or truncated:
+            return reward, timings
+    raise SolutionError(f"{task_id}/{which}: the episode did not end")

@@ -1,0 +1,43 @@
+"""`parity/DesktopText-v0`: the desktop tasks through the token-in-token-out TextEnv API."""
+
+from __future__ import annotations
+
+from desktop_support import needs_desktop
+from gymnasium.utils.env_checker import check_env
+
+from parity.envs import make_env
+from parity.envs.desktop.chat import DesktopTextEnv
+
+pytestmark = needs_desktop
+
+
+def test_oracle_turns_score_one_and_giving_up_scores_zero() -> None:
+    env = make_env("parity/DesktopText-v0", backend="local")
+    assert isinstance(env, DesktopTextEnv)
+    try:
+        obs, _ = env.reset(options={"task": {"task_id": "files-rename"}})
+        assert obs["messages"][1]["content"].startswith("In the file manager, rename a.txt to b.txt.")
+        assert "list-item\ta.txt" in obs["messages"][1]["content"] and obs["token_ids"]
+        done, reward = False, 0.0
+        while not done:
+            obs, reward, terminated, truncated, info = env.step(env.oracle_action())
+            done = terminated or truncated
+        assert (reward, info["finish_reason"]) == (1.0, "done")
+        env.reset(options={"task": {"task_id": "files-rename"}})
+        obs, *_ = env.step("pyautogui.click(99999, 1)")
+        assert obs["messages"][0]["content"].startswith("error: coordinate x=99999 is off screen")
+        _, reward, terminated, _, info = env.step("FAIL")
+        assert (reward, terminated, info["metrics"]["parse_errors"]) == (0.0, True, 1.0)
+        check_env(env, skip_render_check=True)
+    finally:
+        env.close()
+
+
+def test_max_turns_evaluates_the_desktop_as_it_is() -> None:
+    env = make_env("parity/DesktopText-v0", backend="local", limits={"max_turns": 1})
+    try:
+        env.reset(options={"task": {"task_id": "terminal-write-answer"}})
+        _, reward, terminated, truncated, info = env.step("pyautogui.write('echo 42 > ~/answer.txt\\n')")
+        assert (reward, terminated, truncated, info["finish_reason"]) == (1.0, False, True, "max_turns")
+    finally:
+        env.close()

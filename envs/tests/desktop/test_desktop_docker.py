@@ -1,0 +1,55 @@
+"""The docker backend: the image from scripts/build_desktop_image.sh, network none, hardened."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from parity.envs.desktop.env import DesktopEnv
+from parity.envs.desktop.sandbox import IMAGE, LABEL, pick_backend
+from parity.envs.desktop.solutions import play
+
+pytestmark = pytest.mark.docker
+
+
+def _unusable(why: str) -> None:
+    """Skip, or fail where docker is required (PARITY_REQUIRE_DOCKER=1, as in CI)."""
+    if os.environ.get("PARITY_REQUIRE_DOCKER") == "1":
+        pytest.fail(f"PARITY_REQUIRE_DOCKER=1 but the desktop cannot run on docker: {why}")
+    pytest.skip(why)
+
+
+@pytest.fixture(scope="module")
+def docker_client():
+    import docker
+
+    try:
+        client = docker.from_env()
+        client.ping()
+    except Exception as e:  # no engine
+        _unusable(f"no Docker engine ({e}); start one with scripts/docker_up.sh")
+    try:
+        client.images.get(IMAGE)
+    except docker.errors.ImageNotFound:
+        _unusable(f"image {IMAGE} missing; build it with scripts/build_desktop_image.sh")
+    return client
+
+
+def test_docker_desktop_runs_tasks_and_is_hardened(docker_client) -> None:
+    assert pick_backend("auto") == "docker"  # the default where an engine and the image exist
+    env = DesktopEnv(backend="docker")
+    try:
+        assert play(env, "sheet-add-row", "oracle")[0] == 1.0
+        assert play(env, "terminal-write-answer", "wrong")[0] == 0.0
+        container = env.sandbox._container  # type: ignore[union-attr]
+        host = container.attrs["HostConfig"]
+        assert host["NetworkMode"] == "none" and host["ReadonlyRootfs"] is True
+        assert host["CapDrop"] == ["ALL"] and host["SecurityOpt"] == ["no-new-privileges"]
+        assert host["PidsLimit"] == 256 and host["Memory"] == host["MemorySwap"] == 1024 << 20
+        out = env.client.setup({"type": "execute", "parameters": {  # type: ignore[union-attr]
+            "command": "id -u; cat /proc/net/dev | wc -l", "shell": True}})
+        assert out["stdout"].split() == ["1000", "3"]
+    finally:
+        env.close()
+    assert docker_client.containers.list(all=True, filters={"label": LABEL}) == []

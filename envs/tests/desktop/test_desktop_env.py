@@ -1,0 +1,240 @@
+"""`parity/Desktop-v0` end to end on the local (bubblewrap) backend: real Xvfb, openbox, apps."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import struct
+import threading
+import zlib
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from desktop_support import guest_pid, needs_desktop
+from gymnasium.utils.env_checker import check_env
+
+import parity.envs.desktop  # noqa: F401 - registers parity/Desktop-v0
+from parity.envs.desktop.client import DesktopRequestError
+from parity.envs.desktop.env import DesktopEnv
+from parity.envs.desktop.sandbox import DesktopSandbox, pick_backend
+from parity.envs.desktop.solutions import play
+from parity.envs.desktop.tasks import load_tasks
+
+pytestmark = needs_desktop
+TASK_IDS = [t.id for t in load_tasks()]
+
+
+@pytest.mark.parametrize("task_id", TASK_IDS)
+def test_oracle_scores_one_and_wrong_scores_zero(env: DesktopEnv, task_id: str) -> None:
+    oracle, timings = play(env, task_id, "oracle")
+    wrong, _ = play(env, task_id, "wrong")
+    assert (oracle, wrong) == (1.0, 0.0)
+    for timing in timings[1:]:
+        assert set(timing) == {"parse_s", "action_s", "settle_s", "tree_s", "screenshot_s", "eval_s", "step_s"}
+    assert timings[-1]["eval_s"] > 0 and timings[-2]["eval_s"] == 0.0
+
+
+def test_gymnasium_check_env_and_registration() -> None:
+    env = gym.make("parity/Desktop-v0", obs_mode="a11y_tree", backend="local").unwrapped
+    assert isinstance(env, DesktopEnv) and env.sandbox is None  # nothing runs before reset
+    try:
+        check_env(env, skip_render_check=True)
+    finally:
+        env.close()
+
+
+def test_observation_is_screen_and_tree(env: DesktopEnv) -> None:
+    obs, _ = env.reset(options={"task_id": "textedit-new-file"})
+    assert obs["screenshot"].shape == (768, 1024, 3) and obs["screenshot"].dtype == np.uint8
+    assert obs["instruction"].startswith("In the text editor")
+    lines = obs["accessibility_tree"].split("\n")
+    assert lines[0] == "tag\tname\ttext\tclass\tdescription\tposition\tsize"
+    assert lines[1].startswith("window\tText Editor - hello.txt\t\tWindow\tactive\t")
+    assert "push-button\tSave\t" in obs["accessibility_tree"]
+    before = obs["screenshot"]
+    obs, *_ = env.step('{"action_type": "TYPING", "parameters": {"text": "abc"}}')
+    assert (obs["screenshot"] != before).any()  # the step waited for the screen to change and settle
+    assert "text\tDocument\tabc\tText\tfocused" in obs["accessibility_tree"]
+    png = env.client.screenshot_png()  # type: ignore[union-attr]
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", png[16:24]) == (1024, 768)
+    raw = zlib.decompress(png[png.index(b"IDAT") + 4 : png.index(b"IEND") - 8])
+    rows = np.frombuffer(raw, np.uint8).reshape(768, 1 + 1024 * 3)[:, 1:].reshape(768, 1024, 3)
+    assert (rows == env.client.screenshot()).all()  # type: ignore[union-attr]
+
+
+def test_reset_gives_the_same_screen(env: DesktopEnv) -> None:
+    first, _ = env.reset(options={"task_id": "settings-dark-mode"})
+    env.step('{"action_type": "CLICK", "parameters": {"x": 40, "y": 35}}')
+    second, _ = env.reset(options={"task_id": "settings-dark-mode"})
+    assert (first["screenshot"] == second["screenshot"]).all()
+    assert first["accessibility_tree"] == second["accessibility_tree"]
+
+
+@pytest.mark.parametrize(("action", "message"), [
+    ("{not json", "error: malformed JSON action"),
+    ('{"action_type": "CLICK", "parameters": {"x": 99999, "y": 1}}', "error: coordinate x=99999 is off screen"),
+    ("pyautogui.press('warp')", "error: unknown key name 'warp'"),
+    ("import os; os.remove('x')", "error: only pyautogui.<function>(...) calls are allowed"),
+])
+def test_bad_actions_give_error_observations(env: DesktopEnv, action: str, message: str) -> None:
+    env.reset(options={"task_id": "terminal-write-answer"})
+    obs, reward, terminated, truncated, info = env.step(action)
+    assert obs["feedback"].startswith(message) and info["error"] == obs["feedback"]
+    assert (reward, terminated, truncated) == (0.0, False, False)
+    obs, *_ = env.step('{"action_type": "TYPING", "parameters": {"text": "echo 42 > ~/answer.txt\\n"}}')
+    assert obs["feedback"] == ""
+    assert env.step("DONE")[1] == 1.0
+
+
+def test_guest_refuses_what_the_parser_would_never_send(env: DesktopEnv) -> None:
+    env.reset(options={"task_id": "terminal-write-answer"})
+    for op, message in (({"op": "exec", "cmd": "id"}, "unknown operation 'exec'"),
+                        ({"op": "click", "x": 5000, "y": 1}, "x=5000 is off screen"),
+                        ({"op": "key", "keys": ["Return;id"]}, "is not an allowed key")):
+        with pytest.raises(DesktopRequestError, match=message):
+            env.client.action(op)  # type: ignore[union-attr]
+
+
+def test_max_steps_truncates_and_evaluates() -> None:
+    env = DesktopEnv(tasks=[t for t in load_tasks() if t.id == "terminal-write-answer"], backend="local",
+                     max_steps=2)
+    try:
+        env.reset()
+        assert env.step("WAIT")[2:4] == (False, False)
+        _, reward, terminated, truncated, _ = env.step('{"action_type": "TYPING", "parameters": {"text": "echo 42 > ~/answer.txt\\n"}}')
+        assert (reward, terminated, truncated) == (1.0, False, True)
+        with pytest.raises(RuntimeError, match="call reset"):
+            env.step("DONE")
+    finally:
+        env.close()
+
+
+def test_fail_action_scores_zero_on_a_feasible_task(env: DesktopEnv) -> None:
+    env.reset(options={"task_id": "terminal-write-answer"})
+    env.step('{"action_type": "TYPING", "parameters": {"text": "echo 42 > ~/answer.txt\\n"}}')
+    assert env.step("FAIL")[1:3] == (0.0, True)
+
+
+def test_crashed_app_leaves_a_working_desktop(env: DesktopEnv) -> None:
+    env.reset(options={"task_id": "files-new-folder"})
+    os.kill(guest_pid(env.sandbox._proc.pid, "guest.apps.files"), signal.SIGKILL)  # type: ignore[union-attr]
+    obs, _, terminated, _, info = env.step("WAIT")
+    assert "error" not in info and not terminated
+    assert "Files -" not in obs["accessibility_tree"]
+    assert play(env, "files-new-folder", "oracle")[0] == 1.0
+
+
+def test_hung_app_is_reported_not_waited_for(env: DesktopEnv) -> None:
+    env.reset(options={"task_id": "settings-dark-mode"})
+    pid = guest_pid(env.sandbox._proc.pid, "guest.apps.settings")  # type: ignore[union-attr]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        obs, _, terminated, _, info = env.step('{"action_type": "CLICK", "parameters": {"x": 30, "y": 40}}')
+        assert not terminated and "error" not in info
+        assert "\tnot responding\t" in obs["accessibility_tree"]
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert play(env, "settings-dark-mode", "oracle")[0] == 1.0  # reset killed the hung app
+
+
+def test_dead_x_server_ends_the_episode_and_the_next_starts_fresh() -> None:
+    env = DesktopEnv(backend="local", obs_mode="screenshot_a11y_tree")
+    try:
+        env.reset(options={"task_id": "textedit-new-file"})
+        old_socket = env.sandbox.socket  # type: ignore[union-attr]
+        os.kill(guest_pid(env.sandbox._proc.pid, "Xvfb :0"), signal.SIGKILL)  # type: ignore[union-attr]
+        obs, reward, terminated, truncated, info = env.step("pyautogui.write('x')")
+        assert (reward, terminated, truncated) == (0.0, True, False)
+        assert "X server exited" in info["failure"] and obs["feedback"].startswith("error: the desktop failed")
+        assert env.sandbox is None and not os.path.exists(old_socket)
+        assert play(env, "textedit-new-file", "oracle")[0] == 1.0
+        assert env.sandbox.socket != old_socket  # type: ignore[union-attr]
+    finally:
+        env.close()
+
+
+def test_killed_sandbox_is_replaced_on_reset() -> None:
+    env = DesktopEnv(backend="local")
+    try:
+        env.reset(options={"task_id": "terminal-make-folder"})
+        os.killpg(env.sandbox._proc.pid, signal.SIGKILL)  # type: ignore[union-attr]
+        env.sandbox._proc.wait()  # type: ignore[union-attr]
+        _, reward, terminated, _, info = env.step("WAIT")
+        assert terminated and reward == 0.0 and "failure" in info
+        assert play(env, "terminal-make-folder", "oracle")[0] == 1.0
+    finally:
+        env.close()
+
+
+def test_sandbox_is_isolated(env: DesktopEnv) -> None:
+    env.reset(options={"task_id": "terminal-write-answer"})
+    out = env.client.setup({"type": "execute", "parameters": {  # type: ignore[union-attr]
+        "command": "id -u; ls /root; cat /etc/shadow; ls /work; cat /proc/net/dev | wc -l; ls /", "shell": True}})
+    lines = out["stdout"].split("\n")
+    assert lines[0] == "1000"
+    assert "No such file" in out["stderr"] and "/etc/shadow" in out["stderr"] and "/work" in out["stderr"]
+    assert lines[1] == "3"  # header lines + loopback only: no network interfaces
+    assert "root" not in lines[2:] and "work" not in lines[2:]
+
+
+def test_several_desktops_at_once() -> None:
+    envs = [DesktopEnv(backend="local") for _ in range(3)]
+    results: dict[int, float] = {}
+
+    def run(i: int) -> None:
+        results[i] = play(envs[i], ["textedit-new-file", "sheet-add-row", "files-rename"][i], "oracle")[0]
+
+    try:
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert results == {0: 1.0, 1: 1.0, 2: 1.0}
+        assert len({e.sandbox.socket for e in envs}) == 3  # type: ignore[union-attr]
+    finally:
+        for e in envs:
+            e.close()
+
+
+def test_timing_is_reported_per_step(env: DesktopEnv) -> None:
+    env.reset(options={"task_id": "terminal-write-answer"})
+    assert set(env.last_timing) == {"sandbox_s", "reset_s", "setup_s", "tree_s", "screenshot_s"}
+    env.step("WAIT")
+    t = env.last_timing
+    assert t["action_s"] >= 1.0  # WAIT waits a second, then the screen settles
+    assert t["step_s"] >= t["action_s"] + t["settle_s"]
+    assert json.dumps(t)
+
+
+def test_auto_backend_falls_back_to_local_without_an_engine(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
+    assert pick_backend("auto") == "local"
+    assert pick_backend("local") == "local" and pick_backend("docker") == "docker"
+    with pytest.raises(ValueError, match="backend must be 'local', 'docker' or 'auto', got 'vm'"):
+        DesktopSandbox("vm")
+
+
+def test_a_busy_app_does_not_stall_steps_and_reset_stops_it(env: DesktopEnv) -> None:
+    env.reset(options={"task_id": "terminal-write-answer"})
+    env.client.setup({"type": "launch", "parameters": {  # type: ignore[union-attr]
+        "command": ["terminal", "-e", "sh", "-c", "while :; do date +%N; done"]}})
+    done = env.client.action({"op": "move", "x": 5, "y": 5})  # type: ignore[union-attr]
+    assert done["ok"] is True  # settling gave up at its bound (see test_desktop_screen.py)
+    quiet = env.reset(options={"task_id": "terminal-write-answer"})  # reset kills the noisy app
+    assert quiet[0]["accessibility_tree"].count("\nwindow\t") == 1
+
+
+def test_broken_config_step_names_the_task_and_step(env: DesktopEnv) -> None:
+    task = next(t for t in load_tasks() if t.id == "terminal-write-answer")
+    broken = type(task)(**{**task.__dict__, "id": "broken", "config": [
+        {"type": "launch", "parameters": {"command": ["/nonexistent/app"]}}]})
+    env.tasks.append(broken)
+    try:
+        with pytest.raises(RuntimeError, match=r"task broken: config\[0\] \(launch\) failed: launch '/nonexistent/app'"):
+            env.reset(options={"task_id": "broken"})
+        assert play(env, "terminal-write-answer", "oracle")[0] == 1.0
+    finally:
+        env.tasks.remove(broken)

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Build the desktop sandbox image without a registry: debootstrap a minimal Debian with Xvfb,
+# openbox, xterm, xdotool, x11-utils and python3-tk, then `docker import` it. The guest code is
+# not in the image (it is bind-mounted read-only at run time). Reuses the image when present
+# (pass --force to rebuild).
+set -euo pipefail
+IMAGE="${PARITY_DESKTOP_IMAGE:-parity-desktop:latest}"
+MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+PACKAGES=python3,python3-tk,xvfb,xdotool,x11-utils,openbox,xterm,fonts-dejavu-core
+if [[ "${1:-}" != "--force" ]] && docker image inspect "$IMAGE" >/dev/null 2>&1; then
+  echo "desktop image $IMAGE already present"
+  exit 0
+fi
+ROOT="$(mktemp -d /tmp/parity-desktop-rootfs.XXXXXX)"
+trap 'rm -rf "$ROOT"' EXIT
+debootstrap --variant=minbase --include="$PACKAGES" bookworm "$ROOT" "$MIRROR" \
+  >/tmp/parity-desktop-debootstrap.log 2>&1 \
+  || { echo "debootstrap failed; see /tmp/parity-desktop-debootstrap.log" >&2; exit 1; }
+# Package caches, docs and translations are not needed to run the desktop, nor Mesa's OpenGL
+# drivers and LLVM (about 160 MB): Xvfb runs without GLX acceleration when they are missing.
+rm -rf "$ROOT"/var/cache/apt/archives/*.deb "$ROOT"/var/lib/apt/lists/* \
+  "$ROOT"/usr/share/doc "$ROOT"/usr/share/man "$ROOT"/usr/share/info "$ROOT"/usr/share/locale \
+  "$ROOT"/usr/lib/*/dri "$ROOT"/usr/lib/*/libLLVM-*.so* "$ROOT"/usr/lib/*/libz3.so*
+echo "user:x:1000:1000:user:/home/user:/bin/sh" >>"$ROOT/etc/passwd"
+echo "user:x:1000:" >>"$ROOT/etc/group"
+mkdir -p "$ROOT/home/user" "$ROOT/run/parity" "$ROOT/opt/parity/guest"
+tar -C "$ROOT" -c . | docker import \
+  -c 'USER 1000:1000' -c 'WORKDIR /home/user' -c 'ENV PATH=/usr/local/bin:/usr/bin:/bin' \
+  -c 'ENV LANG=C.UTF-8' -c 'ENV HOME=/home/user' -c 'LABEL parity.desktop.image=1' - "$IMAGE" >/dev/null
+echo "built desktop image $IMAGE ($(docker image inspect -f '{{.Size}}' "$IMAGE" | awk '{printf "%.0f MB", $1/1e6}'))"
