@@ -1,40 +1,102 @@
-"""`parity train`, `eval`, `profile` and `bench async` (stubs until the trainer lands)."""
+"""`parity train`, `eval`, `profile` and `bench async`. Heavy imports stay inside."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
 
 def train(
-    config: Path | None = typer.Argument(None, help="A TOML config; the embedded default if omitted."),
-    set_: list[str] = typer.Option([], "--set", help="Override a key: --set train.lr=3e-4"),
-    out: Path | None = typer.Option(None, "--out", help="Run directory (default runs/<time>)."),
-    resume: Path | None = typer.Option(None, "--resume", help="Continue the run in this directory."),
+    config: Annotated[Path | None, typer.Argument(
+        help="A TOML config; the embedded default if omitted.")] = None,
+    set_: Annotated[list[str] | None, typer.Option(
+        "--set", help="Override a key: --set optim.lr=3e-4")] = None,
+    out: Annotated[Path | None, typer.Option(
+        "--out", help="Run directory (default runs/<time>).")] = None,
+    resume: Annotated[Path | None, typer.Option(
+        "--resume", help="Continue the run in this directory.")] = None,
+    ray_address: Annotated[str | None, typer.Option(
+        "--ray-address", help="Join this Ray cluster instead of a local one.")] = None,
 ) -> None:
     """Train with asynchronous REINFORCE Zero."""
-    typer.echo("parity train: the trainer is not built yet.", err=True)
-    raise typer.Exit(2)
+    from parity.core.config import ConfigError
+    from parity.trainer.train import load_for_cli, run_training
+
+    try:
+        cfg, run_dir = load_for_cli(config, set_ or [], out, resume, ray_address)
+        summary = run_training(cfg, run_dir, resume=resume is not None,
+                               progress=cfg.output.progress)
+    except (ConfigError, FileNotFoundError) as e:
+        typer.echo(f"parity train: {e}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"run: {run_dir}")
+    typer.echo(json.dumps({k: summary[k] for k in ("steps", "wall_s", "reward/first",
+                                                    "reward/last") if k in summary}))
 
 
 def eval_checkpoint(
-    checkpoint: Path = typer.Argument(..., help="A checkpoint directory."),
-    env: str | None = typer.Option(None, "--env"),
-    n: int = typer.Option(64, "--n"),
+    checkpoint: Annotated[Path, typer.Argument(help="A checkpoint directory.")],
+    env: Annotated[str | None, typer.Option("--env", help="gymnasium id")] = None,
+    n: Annotated[int, typer.Option("--n", help="episodes")] = 64,
 ) -> None:
     """Evaluate a checkpoint on held-out tasks."""
-    typer.echo("parity eval: the trainer is not built yet.", err=True)
-    raise typer.Exit(2)
+    from parity.trainer.evaluate import evaluate
+
+    try:
+        res = evaluate(checkpoint, env_id=env, n=n)
+    except FileNotFoundError as e:
+        typer.echo(f"parity eval: {e}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(json.dumps(res))
 
 
-def profile(run_dir: Path = typer.Argument(...), json_: bool = typer.Option(False, "--json")) -> None:
+def profile(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory.")],
+    json_: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
     """Where a run's wall time went."""
-    typer.echo("parity profile: the trainer is not built yet.", err=True)
-    raise typer.Exit(2)
+    from parity.trainer.plots import timing_plot
+    from parity.trainer.profile import profile_run, render
+    from parity.trainer.rundir import read_metrics
+
+    try:
+        report = profile_run(run_dir)
+    except FileNotFoundError as e:
+        typer.echo(f"parity profile: {e}", err=True)
+        raise typer.Exit(2) from None
+    (run_dir / "plots").mkdir(exist_ok=True)
+    report["plot"] = str(timing_plot(read_metrics(run_dir), run_dir / "plots" / "timing.png"))
+    if json_:
+        typer.echo(json.dumps(report, indent=2))
+    else:
+        render(report)
+        typer.echo(f"plot: {report['plot']}")
 
 
-def bench_async(json_: bool = typer.Option(False, "--json")) -> None:
+def bench_async(
+    json_: Annotated[bool, typer.Option("--json")] = False,
+    config: Annotated[Path | None, typer.Option(
+        "--config", help="default: examples/smoke.toml")] = None,
+    steps: Annotated[int, typer.Option("--steps", help="updates per run")] = 8,
+    set_: Annotated[list[str] | None, typer.Option(
+        "--set", help="Override a key in every run: --set model.path=DIR")] = None,
+    out: Annotated[Path, typer.Option("--out")] = Path("runs/bench-async"),
+) -> None:
     """Sync vs async training: updates per hour and final reward."""
-    typer.echo("parity bench async: the trainer is not built yet.", err=True)
-    raise typer.Exit(2)
+    from parity.core.config import ConfigError
+    from parity.trainer.bench import bench_async as run_bench
+
+    try:
+        res = run_bench(config or Path("examples/smoke.toml"), steps, out, set_ or [])
+    except (ConfigError, FileNotFoundError) as e:
+        typer.echo(f"parity bench async: {e}", err=True)
+        raise typer.Exit(2) from None
+    if json_:
+        typer.echo(json.dumps(res, indent=2))
+        return
+    for row in res["runs"]:
+        typer.echo(f"{row['name']:>12}: {row['updates_per_hour']:8.0f} updates/h "
+                   f"({row['speedup_vs_sync']:.2f}x sync), final reward {row['final_reward']:.3f}")

@@ -49,7 +49,7 @@ def token_logprobs(
             m = min(chunk_size, n - done)
             layout = SeqLayout.from_lengths([m], [done])
             hidden = model(tokens[s, done : done + m], layout, kv)
-            nxt = tokens[s, done + 1 : done + m + 1]
+            nxt = tokens[s, done + 1 : min(done + m + 1, n)]  # never past the row's end
             lp = model.logprobs(hidden[: nxt.shape[0]], temperature)
             pieces.append(lp.gather(-1, nxt[:, None]).squeeze(-1))
             done += m

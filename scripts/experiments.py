@@ -1,0 +1,162 @@
+"""Reproduce the seeds' comparisons at small scale and write docs/experiments.md.
+
+    uv run python scripts/experiments.py                 # all experiments (long: see --only)
+    uv run python scripts/experiments.py --only kernels  # one group
+    uv run python scripts/experiments.py --report-only   # rebuild the page from runs/experiments
+
+Each run is a plain `parity train` of the embedded default with overrides; runs go to
+runs/experiments/<name>, plots to docs/img/, the tables to docs/experiments.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNS = ROOT / "runs" / "experiments"
+IMG = ROOT / "docs" / "img"
+
+COMMON = ["output.progress=false"]
+GROUPS: dict[str, dict[str, list[str]]] = {
+    "kernels": {
+        "aligned": ["model.kernels=\"aligned\""],
+        "standard": ["model.kernels=\"standard\""],
+        "standard+gate": ["model.kernels=\"standard\"", "loss.gate_kl=0.001"],
+    },
+    "async": {
+        "sync": ["train.mode=\"sync\""],
+        "async-lag2": ["train.mode=\"async\"", "train.max_lag=2"],
+        "async-lag8": ["train.mode=\"async\"", "train.max_lag=8"],
+    },
+    "vcpo": {
+        "lag8-vcpo-off": ["train.max_lag=8"],
+        "lag8-vcpo-on": ["train.max_lag=8", "loss.vcpo_lr=\"linear\"", "loss.vcpo_baseline=true"],
+    },
+}
+
+
+def run(name: str, overrides: list[str], steps: int) -> None:
+    out = RUNS / name
+    cmd = ["uv", "run", "parity", "train", "--out", str(out), "--set", f"train.steps={steps}"]
+    for o in COMMON + overrides:
+        cmd += ["--set", o]
+    print(f"== {name}: {' '.join(cmd)}", flush=True)
+    t0 = time.time()
+    subprocess.run(cmd, cwd=ROOT, check=True)
+    print(f"== {name}: {time.time() - t0:.0f}s", flush=True)
+
+
+def metrics(name: str) -> list[dict]:
+    path = RUNS / name / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def summary(name: str) -> dict:
+    return json.loads((RUNS / name / "summary.json").read_text())
+
+
+def window(rows: list[dict], key: str, first: bool, frac: float = 0.25) -> float:
+    n = max(1, int(len(rows) * frac))
+    part = rows[:n] if first else rows[-n:]
+    vals = [r[key] for r in part if key in r]
+    return statistics.median(vals) if vals else float("nan")
+
+
+def peak_over_median(rows: list[dict], key: str = "is/d3") -> float:
+    vals = [r[key] for r in rows if key in r]
+    med = statistics.median(vals) if vals else 0.0
+    return max(vals) / med if med > 0 else float("inf") if vals and max(vals) > 0 else 1.0
+
+
+def plot(names: list[str], key: str, path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    for n in names:
+        rows = metrics(n)
+        ax.plot([r["step"] for r in rows], [r.get(key, float("nan")) for r in rows], label=n)
+    ax.set_xlabel("update")
+    ax.set_ylabel(key)
+    ax.set_title(title)
+    if key.startswith(("is/d3", "kl/")):
+        ax.set_yscale("symlog", linthresh=1e-9)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def report(groups: list[str]) -> str:
+    IMG.mkdir(parents=True, exist_ok=True)
+    lines: list[str] = []
+    if "kernels" in groups:
+        names = [n for n in GROUPS["kernels"] if (RUNS / n / "summary.json").is_file()]
+        lines += ["### Aligned vs standard kernels", "",
+                  "| run | D3 peak/median | D3 mismatch max | KL first→last (median) | KL rise | reward first→last | gate rejected (last window) |",
+                  "|---|---|---|---|---|---|---|"]
+        for n in names:
+            rows, s = metrics(n), summary(n)
+            k0, k1 = window(rows, "kl/rollout_learner", True), window(rows, "kl/rollout_learner", False)
+            rise = k1 / k0 if k0 > 0 else float("nan")
+            lines.append(
+                f"| {n} | {peak_over_median(rows):.2f}× | {s.get('is/d3_mismatch/max', 0):.3g} | "
+                f"{k0:.3g} → {k1:.3g} | {rise:.2f}× | {window(rows, 'reward/mean', True):.2f} → "
+                f"{window(rows, 'reward/mean', False):.2f} | {window(rows, 'gate/rejected_frac', False):.1%} |")
+        plot(names, "is/d3_mismatch", IMG / "kernels_d3_mismatch.png", "D3 mismatch (same weights)")
+        plot(names, "kl/rollout_learner", IMG / "kernels_kl.png", "rollout-to-learner KL")
+        plot(names, "reward/mean", IMG / "kernels_reward.png", "reward")
+        lines += ["", "![D3 mismatch](img/kernels_d3_mismatch.png) ![KL](img/kernels_kl.png) "
+                  "![reward](img/kernels_reward.png)", ""]
+    if "async" in groups:
+        names = [n for n in GROUPS["async"] if (RUNS / n / "summary.json").is_file()]
+        base = summary("sync")["wall_s"] if "sync" in names else None
+        lines += ["### Async vs sync", "", "| run | updates | wall s | speed-up vs sync | final reward (last window) | lag mean/max |",
+                  "|---|---|---|---|---|---|"]
+        for n in names:
+            rows, s = metrics(n), summary(n)
+            sp = f"{base / s['wall_s']:.2f}×" if base else "—"
+            lines.append(f"| {n} | {s['steps']} | {s['wall_s']:.0f} | {sp} | "
+                         f"{window(rows, 'reward/mean', False):.2f} | "
+                         f"{s.get('lag/mean/mean', 0):.2f}/{s.get('lag/max/max', 0):.0f} |")
+        plot(names, "reward/mean", IMG / "async_reward.png", "reward by update")
+        lines += ["", "![reward](img/async_reward.png)", ""]
+    if "vcpo" in groups:
+        names = [n for n in GROUPS["vcpo"] if (RUNS / n / "summary.json").is_file()]
+        lines += ["### VCPO at lag 8", "", "| run | ESS frac median | steps with ESS > 0.6N | grad-norm variance | final reward |",
+                  "|---|---|---|---|---|"]
+        for n in names:
+            rows = metrics(n)
+            ess = [r["is/ess_frac"] for r in rows]
+            gn = [r["grad/norm"] for r in rows]
+            lines.append(f"| {n} | {statistics.median(ess):.3f} | {sum(e > 0.6 for e in ess) / len(ess):.0%} | "
+                         f"{statistics.pvariance(gn):.4g} | {window(rows, 'reward/mean', False):.2f} |")
+        plot(names, "is/ess_frac", IMG / "vcpo_ess.png", "ESS / N")
+        lines += ["", "![ESS](img/vcpo_ess.png)", ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", choices=list(GROUPS), action="append")
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--report-only", action="store_true")
+    args = ap.parse_args()
+    groups = args.only or list(GROUPS)
+    if not args.report_only:
+        for g in groups:
+            for name, overrides in GROUPS[g].items():
+                run(name, overrides, args.steps)
+    print(report(groups))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""The trainer's typed config: one TOML file, sections below; unknown keys are errors.
+
+`parity train cfg.toml --set loss.is_mode=tis` loads it through `parity.core.config`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from parity.core.config import StrictModel, load_config
+from parity.trainer.embedded import EMBEDDED_ENV
+
+
+class ModelSection(StrictModel):
+    path: str = Field("", description="HF-style model dir (config.json + safetensors); "
+                                      "empty: the embedded tiny model")
+    kernels: Literal["aligned", "standard"] = "aligned"
+
+
+class EnvSection(StrictModel):
+    """Defaults: the embedded default's environment."""
+
+    id: str = Field(EMBEDDED_ENV["id"], description="gymnasium id of the environment")
+    kwargs: dict[str, Any] = Field(default_factory=lambda: dict(EMBEDDED_ENV["kwargs"]),
+                                   description="passed to the env's constructor")
+    task_seed: int = Field(0, description="first task seed; the data cursor counts up from it")
+
+
+class RolloutSection(StrictModel):
+    workers: int = Field(1, ge=1, description="number of rollout worker actors")
+    num_cpus_per_worker: float = Field(1.0, gt=0)
+    num_gpus_per_worker: float = Field(0.0, ge=0)
+    placement: Literal["pack", "spread"] = Field("pack", description="Ray placement strategy")
+    group_size: int = Field(4, ge=1, description="G: responses per prompt")
+    groups_per_step: int = Field(2, ge=1, description="groups the learner consumes per update")
+    max_groups_in_flight: int = Field(4, ge=1, description="concurrent groups per worker")
+    temperature: float = Field(1.0, gt=0, description="sampling temperature; the learner "
+                                                      "computes π_θ at the same temperature")
+    max_new_tokens: int = Field(64, ge=1, description="per turn")
+    in_flight_updates: bool = Field(False, description="apply new weights mid-episode")
+    max_restarts: int = Field(3, ge=0, description="restarts of a crashed worker")
+
+
+class LossSection(StrictModel):
+    is_mode: Literal["token", "tis", "icepop", "none"] = Field(
+        "token", description="token: untruncated token-level IS (REINFORCE Zero); tis: "
+                             "truncate at tis_c; icepop: mask tokens with w outside "
+                             "[icepop_lo, icepop_hi]; none: w = 1")
+    tis_c: float = Field(2.0, gt=0)
+    icepop_lo: float = Field(0.5, gt=0)
+    icepop_hi: float = Field(2.0, gt=0)
+    gate_kl: float | None = Field(None, gt=0, description="sequence gate δ: drop a sequence "
+                                                         "whose mean per-token KL (D3) > δ")
+    advantage: Literal["mean", "mean_std"] = Field("mean", description="mean: R − group mean "
+                                                   "(REINFORCE Zero); mean_std: GRPO")
+    std_eps: float = Field(1e-6, gt=0)
+    vcpo_lr: Literal["off", "linear", "sqrt"] = Field("off", description="ESS-scaled LR: "
+                                                      "η0·ESS/N (linear) or η0·sqrt(ESS/N)")
+    vcpo_baseline: bool = Field(False, description="baseline b* = Σρ_i R_i / Σρ_i per group")
+
+    @model_validator(mode="after")
+    def _band(self) -> LossSection:
+        if self.icepop_lo >= self.icepop_hi:
+            raise ValueError(f"icepop_lo ({self.icepop_lo}) must be < icepop_hi ({self.icepop_hi})")
+        return self
+
+
+class OptimSection(StrictModel):
+    lr: float = Field(1e-5, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(1e-8, gt=0)
+    grad_clip: float = Field(1.0, gt=0)
+    schedule: Literal["constant", "linear", "cosine"] = "constant"
+    warmup_steps: int = Field(0, ge=0)
+    min_lr_ratio: float = Field(0.0, ge=0, le=1)
+    micro_batch_tokens: int = Field(8192, ge=1, description="gradient accumulation: padded "
+                                    "tokens per micro-batch (one sequence always fits)")
+    chunk_tokens: int | None = Field(None, ge=1, description="long episodes: run each "
+                                     "sequence's forward in chunks of this many tokens "
+                                     "(bounded memory, the same per-token logprobs)")
+
+
+class TrainSection(StrictModel):
+    steps: int = Field(10, ge=1, description="learner updates")
+    mode: Literal["async", "sync"] = Field("async", description="sync = max_lag 0")
+    max_lag: int = Field(2, ge=0, description="max policy versions between sampling and use")
+    seed: int = 0
+    checkpoint_every: int = Field(5, ge=1)
+    keep_checkpoints: int = Field(2, ge=1)
+    track_mismatch: bool = Field(True, description="recompute logprobs under the rollout's "
+                                 "version to split D3 into mismatch and lag")
+    ray_address: str = Field("", description="empty: start a local Ray; else a cluster address")
+
+
+class OutputSection(StrictModel):
+    tensorboard: bool = True
+    plots: bool = True
+    progress: bool = True
+
+
+class TrainConfig(StrictModel):
+    model: ModelSection = Field(default_factory=ModelSection)
+    env: EnvSection = Field(default_factory=EnvSection)
+    rollout: RolloutSection = Field(default_factory=RolloutSection)
+    loss: LossSection = Field(default_factory=LossSection)
+    optim: OptimSection = Field(default_factory=OptimSection)
+    train: TrainSection = Field(default_factory=TrainSection)
+    output: OutputSection = Field(default_factory=OutputSection)
+
+    @property
+    def max_lag(self) -> int:
+        """The effective staleness bound (0 in sync mode)."""
+        return 0 if self.train.mode == "sync" else self.train.max_lag
+
+
+def load_train_config(path: str | Path | None = None, overrides: list[str] | None = None
+                      ) -> TrainConfig:
+    """Load and validate; raises `ConfigError` naming the file and the bad key."""
+    return load_config(TrainConfig, path, overrides)

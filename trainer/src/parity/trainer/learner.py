@@ -1,0 +1,273 @@
+"""The learner: logprobs under θ_k, the REINFORCE Zero loss with gradient accumulation to a
+token budget, AdamW with clipping and an LR schedule, the IS statistics, and the recent
+versions' weights that split D3 into numerical mismatch and policy lag.
+
+Alignment of the flat trajectory with the model's logprobs: `token_logprobs(model, tokens)`
+returns lp[:, t] = log π(tokens[t+1] | tokens[:t+1]), so the learner uses
+μ = logprobs[1:], mask = loss_mask[1:], versions = versions[1:].
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from parity.core.timing import Timeline
+from parity.core.types import Trajectory
+from parity.trainer.config import TrainConfig
+from parity.trainer.is_stats import (
+    ess_frac,
+    kl_k2,
+    peak_over_median,
+    sequence_log_ratio,
+    split_d3,
+)
+from parity.trainer.loss import (
+    gate_keep,
+    group_advantages,
+    lr_at,
+    response_losses,
+    token_weights,
+    vcpo_lr_scale,
+)
+
+LogprobFn = Callable[..., Tensor]  # (model, tokens[B,T], temperature=, lengths=[, chunk_size=])
+#                                    -> [B, T-1]
+
+
+@dataclass
+class Batch:
+    """Responses collated for the learner, right-padded. Shapes: tokens [B, T]; mu, mask,
+    versions [B, T-1] (aligned to the logprob positions); lengths, rewards, groups [B]."""
+
+    tokens: Tensor
+    lengths: Tensor
+    mu: Tensor
+    mask: Tensor
+    versions: Tensor
+    rewards: Tensor
+    groups: Tensor
+
+
+def collate(groups: list[list[Trajectory]]) -> Batch:
+    """Pad the responses of `groups` (one list per prompt) into one batch."""
+    trajs = [t for g in groups for t in g]
+    if not trajs:
+        raise ValueError("collate: empty batch")
+    T = max(len(t.tokens) for t in trajs)
+    B = len(trajs)
+    tokens = torch.zeros(B, T, dtype=torch.long)
+    mu = torch.zeros(B, T - 1, dtype=torch.float64)  # exact for float32 or float64 μ
+    mask = torch.zeros(B, T - 1, dtype=torch.float32)
+    versions = torch.full((B, T - 1), -1, dtype=torch.long)
+    for i, t in enumerate(trajs):
+        n = len(t.tokens)
+        if n and t.loss_mask[0]:
+            raise ValueError(f"trajectory {t.group_id}: the first token is marked generated")
+        tokens[i, :n] = torch.tensor(t.tokens, dtype=torch.long)
+        mu[i, : n - 1] = torch.tensor(t.logprobs[1:], dtype=torch.float64)
+        mask[i, : n - 1] = torch.tensor(t.loss_mask[1:], dtype=torch.float32)
+        versions[i, : n - 1] = torch.tensor(t.versions[1:], dtype=torch.long)
+    return Batch(
+        tokens=tokens,
+        lengths=torch.tensor([len(t.tokens) for t in trajs]),
+        mu=mu, mask=mask, versions=versions,
+        rewards=torch.tensor([t.reward for t in trajs], dtype=torch.float64),
+        groups=torch.tensor([gi for gi, g in enumerate(groups) for _ in g]),
+    )
+
+
+def micro_batches(lengths: Tensor, budget: int) -> list[list[int]]:
+    """Consecutive index runs whose padded size (count × longest) stays ≤ `budget` tokens;
+    a sequence longer than the budget gets a micro-batch of its own."""
+    out: list[list[int]] = []
+    cur: list[int] = []
+    longest = 0
+    for i, n in enumerate(lengths.tolist()):
+        if cur and (len(cur) + 1) * max(longest, n) > budget:
+            out.append(cur)
+            cur, longest = [], 0
+        cur.append(i)
+        longest = max(longest, n)
+    if cur:
+        out.append(cur)
+    return out
+
+
+class Learner:
+    """Owns the trained model, its optimizer and the last `max_lag + 1` versions' weights.
+
+    `version` k = number of updates applied; the weights after update k are version k."""
+
+    def __init__(self, cfg: TrainConfig, model: nn.Module, logprob_fn: LogprobFn) -> None:
+        self.cfg = cfg
+        self.model = model
+        self.logprob_fn = logprob_fn
+        o = cfg.optim
+        self.opt = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=o.betas, eps=o.eps,
+                                     weight_decay=o.weight_decay)
+        self.version = 0
+        self.history: dict[int, dict[str, Tensor]] = {0: self.weights()}
+        self._shadow: nn.Module | None = None  # loads older versions for the D3 split
+        self.timeline = Timeline("learner")
+        self.skipped_nonfinite = 0
+        torch.manual_seed(cfg.train.seed)
+
+    def weights(self) -> dict[str, Tensor]:
+        """A CPU copy of the current weights (HF parameter names)."""
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+
+    def _logprobs(self, model: nn.Module, b: Batch, idx: list[int]) -> Tensor:
+        temp = self.cfg.rollout.temperature
+        chunk = self.cfg.optim.chunk_tokens
+        if chunk:  # long episodes: one unpadded sequence at a time, in chunks
+            rows = [self.logprob_fn(model, b.tokens[i : i + 1, : int(b.lengths[i])],
+                                    temperature=temp, chunk_size=chunk) for i in idx]
+            return torch.cat([_pad_to(r, b.mu.shape[1]) for r in rows])
+        T = int(b.lengths[idx].max())
+        lp = self.logprob_fn(model, b.tokens[idx, :T], temperature=temp, lengths=b.lengths[idx])
+        return _pad_to(lp, b.mu.shape[1])
+
+    def train_step(self, groups: list[list[Trajectory]]) -> dict[str, float]:
+        """One update on complete groups; returns the step's learner metrics."""
+        k = self.version
+        tl = self.timeline
+        tl.step = k
+        cfg = self.cfg
+        b = collate(groups)
+        mbs = micro_batches(b.lengths, cfg.optim.micro_batch_tokens)
+        logp_k = torch.zeros_like(b.mu)
+        self.model.train()
+        self.opt.zero_grad(set_to_none=True)
+
+        if cfg.loss.vcpo_baseline:  # b* needs every ρ_i before the first backward
+            with tl.span("logprobs θ_k (baseline)", "learner_fwd"), torch.no_grad():
+                for idx in mbs:
+                    logp_k[idx] = self._logprobs(self.model, b, idx)
+            log_rho = sequence_log_ratio(logp_k - b.mu, b.mask)
+        else:
+            log_rho = None
+        adv = group_advantages(b.rewards, b.groups, cfg.loss, log_rho)
+
+        gate = torch.ones(len(b.lengths), dtype=torch.bool)
+        total = 0.0
+        for idx in mbs:
+            with tl.span("forward", "learner_fwd", tokens=int(b.lengths[idx].sum())):
+                lp = self._logprobs(self.model, b, idx)
+                logw = lp.detach() - b.mu[idx]
+                w = token_weights(logw, cfg.loss)
+                gate[idx] = gate_keep(logw, b.mask[idx], cfg.loss)
+                keep = gate[idx] & (b.mask[idx].sum(-1) > 0)
+                loss = (response_losses(lp, w, b.mask[idx], adv[idx]) * keep).sum()
+            with tl.span("backward", "learner_bwd"):
+                loss.backward()
+            logp_k[idx] = lp.detach().double()
+            total += float(loss.detach())
+        n_kept = int((gate & (b.mask.sum(-1) > 0)).sum())
+        stats = self._is_stats(b, mbs, logp_k, gate)
+
+        with tl.span("optimizer", "optim"):
+            for p in self.model.parameters():
+                if p.grad is not None:
+                    p.grad.div_(max(n_kept, 1))
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(),
+                                                             cfg.optim.grad_clip))
+            lr = lr_at(k, cfg.train.steps, cfg.optim.lr, cfg.optim.schedule,
+                       cfg.optim.warmup_steps, cfg.optim.min_lr_ratio)
+            lr *= vcpo_lr_scale(stats["is/ess_frac"], cfg.loss.vcpo_lr)
+            finite = math.isfinite(total) and math.isfinite(grad_norm)
+            if finite:
+                for g in self.opt.param_groups:
+                    g["lr"] = lr
+                self.opt.step()
+            else:  # a NaN/inf loss or gradient skips the update, counted
+                self.skipped_nonfinite += 1
+            self.opt.zero_grad(set_to_none=True)
+        self.version = k + 1
+        self.history[self.version] = self.weights()
+        for v in [v for v in self.history if v < self.version - self.cfg.max_lag]:
+            del self.history[v]
+        return stats | {
+            "loss": total / max(n_kept, 1),
+            "grad/norm": grad_norm,
+            "lr": lr,
+            "count/skipped_nonfinite": self.skipped_nonfinite,
+            "learner/tokens": int(b.mask.sum()),
+        }
+
+    def _is_stats(self, b: Batch, mbs: list[list[int]], logp_k: Tensor, gate: Tensor
+                  ) -> dict[str, float]:
+        """D3 (total, mismatch, lag), peak/median weight, ESS, KL, lag, gate rejections."""
+        mask = b.mask
+        logw = logp_k - b.mu
+        out = {
+            "is/w_peak_over_median": peak_over_median(logw, mask),
+            "is/ess_frac": ess_frac(torch.exp(sequence_log_ratio(logw, mask))[mask.sum(-1) > 0]),
+            "kl/rollout_learner": kl_k2(logw, mask),
+            "gate/rejected_frac": float((~gate).sum()) / len(gate),
+        }
+        gen = mask.bool()
+        lags = (self.version - b.versions)[gen].double()
+        out["lag/mean"] = float(lags.mean()) if lags.numel() else 0.0
+        out["lag/max"] = float(lags.max()) if lags.numel() else 0.0
+        if not self.cfg.train.track_mismatch:
+            return out | {"is/d3": split_d3(logp_k, logp_k, b.mu, mask)["is/d3"]}
+        logp_v, known = self._logprobs_at_versions(b, mbs, logp_k)
+        split = split_d3(logp_k, logp_v, b.mu, mask * known)
+        split["is/d3"] = split_d3(logp_k, logp_k, b.mu, mask)["is/d3"]
+        return out | split
+
+    def _logprobs_at_versions(self, b: Batch, mbs: list[list[int]], logp_k: Tensor
+                              ) -> tuple[Tensor, Tensor]:
+        """Per token, the learner's logprob under the version that sampled it (θ_v on the
+        learner's kernels), and a mask of tokens whose version's weights are still kept."""
+        logp_v = logp_k.clone()  # v == k: the same forward, bit for bit
+        known = (b.versions == self.version).to(b.mask.dtype)
+        for v in sorted(set(b.versions[b.mask.bool()].tolist()) - {self.version}):
+            if v not in self.history:
+                continue  # older than max_lag (or lost on resume): left out of the split
+            sel = b.versions == v
+            rows = [i for i in range(len(b.lengths)) if bool(sel[i].any())]
+            shadow = self._shadow_at(v)
+            with self.timeline.span(f"logprobs θ_{v}", "learner_fwd"), torch.no_grad():
+                for idx in mbs:
+                    idx = [i for i in idx if i in rows]
+                    if idx:
+                        lp = self._logprobs(shadow, b, idx)
+                        logp_v[idx] = torch.where(sel[idx], lp, logp_v[idx])
+            known = torch.maximum(known, sel.to(known.dtype))
+        return logp_v, known
+
+    def _shadow_at(self, v: int) -> nn.Module:
+        if self._shadow is None:
+            self._shadow = copy.deepcopy(self.model)
+            self._shadow.requires_grad_(False)
+        self._shadow.load_state_dict(self.history[v])
+        self._shadow.train(self.model.training)
+        return self._shadow
+
+    def state(self) -> dict[str, Any]:
+        """Resumable learner state (the model itself is saved as safetensors)."""
+        return {"version": self.version, "skipped_nonfinite": self.skipped_nonfinite,
+                "rng": {"torch": torch.get_rng_state(), "python": random.getstate()}}
+
+    def load_state(self, state: dict[str, Any], optimizer: dict[str, Any]) -> None:
+        self.version = state["version"]
+        self.skipped_nonfinite = state["skipped_nonfinite"]
+        torch.set_rng_state(state["rng"]["torch"])
+        random.setstate(state["rng"]["python"])
+        self.opt.load_state_dict(optimizer)
+        self.history = {self.version: self.weights()}
+
+
+def _pad_to(lp: Tensor, width: int) -> Tensor:
+    if lp.shape[1] == width:
+        return lp
+    return torch.nn.functional.pad(lp, (0, width - lp.shape[1]))

@@ -1,0 +1,328 @@
+"""The driver: Ray actors for the learner and the rollout workers, bounded-lag admission,
+versioned weight sync through the object store, metrics, checkpoints, resume, restarts.
+
+Groups are numbered 0, 1, 2, … in the order they are started (group g runs the task
+`env.task_seed + g`); the learner consumes them in index order, n = `groups_per_step` per
+step, whatever order they finish in, so step s trains on groups [s·n, (s+1)·n). Admission
+control starts group g on a worker holding version v only if g < (v + max_lag + 1)·n, so
+every token of group g was sampled by a version ≥ s − max_lag: staleness is bounded
+without dropping finished work (workers simply get no new group when too far ahead).
+Sync mode is max_lag 0. A group whose episode code raises is dropped, counted with its
+reason, and the next index takes its place (the bound then applies to g minus the number
+of dropped groups below it: its place in consumption order).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from parity.core.timing import Span, step_seconds
+from parity.core.types import Trajectory
+from parity.trainer.checkpoint import Checkpoint, save_checkpoint
+from parity.trainer.config import TrainConfig
+from parity.trainer.learner import Learner, LogprobFn
+from parity.trainer.rollout import BackendFactory, EpisodeFactory, GroupResult, RolloutWorker
+from parity.trainer.rundir import RunDir
+
+TOKENIZER_FILES = ("tokenizer", "special_tokens_map", "vocab.", "merges.txt", "chat_template",
+                   "added_tokens", "generation_config")
+
+
+@dataclass
+class ModelIO:
+    """How the learner loads, saves and scores the policy (parity.model by default)."""
+
+    load: Callable[[str, str], Any]  # (model dir, kernels) -> nn.Module
+    save: Callable[[Any, Path], None]  # (model, dir): HF safetensors dir
+    logprobs: LogprobFn
+
+
+class LearnerActor:
+    """The learner as a Ray actor; weights leave it through the object store."""
+
+    def __init__(self, cfg: TrainConfig, io: ModelIO, model_dir: str) -> None:
+        import torch
+
+        torch.set_num_threads(max(1, os.cpu_count() or 1))
+        self.cfg = cfg
+        self.io = io
+        self.model_dir = Path(model_dir)
+        self.learner = Learner(cfg, io.load(model_dir, cfg.model.kernels), io.logprobs)
+
+    def restore(self, ckpt: Checkpoint) -> int:
+        self.learner.load_state(ckpt.state["learner"], ckpt.optimizer)
+        return self.learner.version
+
+    def train_step(self, groups: list[list[Trajectory]]) -> tuple[dict[str, float], list[Span]]:
+        metrics = self.learner.train_step(groups)
+        return metrics, self.learner.timeline.drain()
+
+    def publish(self) -> tuple[list[Any], int, float]:
+        """Put the current weights in the object store: ([ref], version, seconds)."""
+        import ray
+
+        t0 = time.time()
+        ref = ray.put(self.learner.weights())
+        return [ref], self.learner.version, time.time() - t0
+
+    def checkpoint(self, root: str, step: int, driver: dict[str, Any], queue: dict[int, Any],
+                   keep: int) -> str:
+        def write_model(d: Path) -> None:
+            self.io.save(self.learner.model, d)
+            for f in self.model_dir.iterdir():  # a checkpoint is a complete model dir
+                if f.is_file() and f.name.startswith(TOKENIZER_FILES):
+                    shutil.copy2(f, d / f.name)
+
+        path = save_checkpoint(
+            Path(root), step, write_model=write_model,
+            optimizer=self.learner.opt.state_dict(),
+            state={"learner": self.learner.state(), "driver": driver}, queue=[queue],
+            keep=keep)
+        return str(path)
+
+
+class Orchestrator:
+    """Runs `cfg.train.steps` updates; see the module docstring."""
+
+    def __init__(self, cfg: TrainConfig, run: RunDir, io: ModelIO,
+                 backend_factory: BackendFactory, episode_factory: EpisodeFactory,
+                 model_dir: str, resume: Checkpoint | None = None,
+                 on_step: Callable[[dict[str, Any]], None] | None = None) -> None:
+        import ray
+
+        self.ray = ray
+        self.cfg = cfg
+        self.run_dir = run
+        self.n = cfg.rollout.groups_per_step
+        self.on_step = on_step
+        self.backend_factory = backend_factory
+        self.episode_factory = episode_factory
+        self.learner = ray.remote(LearnerActor).options(num_cpus=1).remote(
+            cfg, io, str(resume.model_dir) if resume else model_dir)
+        self.step = 0
+        self.cursor = 0  # next group index to start
+        self.done: dict[int, list[Trajectory]] = {}
+        self.retry: list[int] = []  # groups to run again (their worker crashed)
+        self.counters = {"dropped": 0, "worker_restarts": 0, "skipped_nonfinite": 0}
+        self.consumed = 0  # groups below this index are trained on or dropped
+        self.dropped: dict[int, str] = {}  # group -> reason
+        if resume is not None:
+            self.step = ray.get(self.learner.restore.remote(resume))
+            d = resume.state["driver"]
+            self.cursor, self.counters = d["cursor"], d["counters"]
+            self.consumed, self.dropped = d["consumed"], d["dropped"]
+            self.done = resume.queue[0]
+            self.retry = [g for g in range(self.consumed, self.cursor)
+                          if g not in self.done and g not in self.dropped]
+        self.workers: list[Any] = []
+        self.restarts = [0] * cfg.rollout.workers
+        self.inflight: dict[Any, tuple[int, int]] = {}  # ref -> (worker, group)
+        self.updates: dict[Any, int] = {}  # ref -> worker
+        self.worker_version = [0] * cfg.rollout.workers
+        self.weights_ref: list[Any] = []
+        self.weights_version = 0
+        self.spans: list[Span] = []
+
+    # -- workers --------------------------------------------------------------------------
+    def _make_worker(self, w: int) -> Any:
+        r = self.cfg.rollout
+        strategy = "SPREAD" if r.placement == "spread" else "DEFAULT"
+        actor = self.ray.remote(RolloutWorker).options(
+            num_cpus=r.num_cpus_per_worker, num_gpus=r.num_gpus_per_worker,
+            scheduling_strategy=strategy, max_concurrency=1000,
+        ).remote(w, self.cfg, self.backend_factory, self.episode_factory)
+        self.worker_version[w] = 0
+        if self.weights_version > 0:
+            self._send_weights(w, actor)
+        return actor
+
+    def _send_weights(self, w: int, actor: Any) -> None:
+        ref = actor.update_weights.remote(self.weights_ref[0], self.weights_version)
+        self.updates[ref] = w
+
+    def _restart(self, w: int, err: Exception) -> None:
+        self.restarts[w] += 1
+        self.counters["worker_restarts"] += 1
+        if self.restarts[w] > self.cfg.rollout.max_restarts:
+            raise RuntimeError(f"rollout worker {w} crashed {self.restarts[w]} times; last: {err}")
+        lost = sorted(g for ref, (ww, g) in list(self.inflight.items()) if ww == w)
+        for ref in [ref for ref, (ww, _) in self.inflight.items() if ww == w]:
+            del self.inflight[ref]
+        for ref in [ref for ref, ww in self.updates.items() if ww == w]:
+            del self.updates[ref]
+        self.retry = sorted(set(self.retry) | set(lost))
+        self.ray.kill(self.workers[w], no_restart=True)
+        self.workers[w] = self._make_worker(w)
+
+    def _admit(self) -> None:
+        """Start groups on workers with room, oldest pending first, within the lag bound."""
+        total = self.cfg.train.steps * self.n + len(self.dropped)
+        cap = self.cfg.rollout.max_groups_in_flight
+        while True:
+            g = self.retry[0] if self.retry else self.cursor
+            if g >= total:
+                return
+            load = [sum(1 for ww, _ in self.inflight.values() if ww == w)
+                    for w in range(len(self.workers))]
+            slot = g - sum(1 for d in self.dropped if d < g)  # its place in consumption order
+            ok = [w for w in range(len(self.workers)) if load[w] < cap
+                  and slot < (self.worker_version[w] + self.cfg.max_lag + 1) * self.n]
+            if not ok:
+                return
+            w = min(ok, key=lambda w: (load[w], w))
+            ref = self.workers[w].run_group.remote(g)
+            self.inflight[ref] = (w, g)
+            if self.retry:
+                self.retry.pop(0)
+            else:
+                self.cursor += 1
+
+    # -- main loop ------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        ray = self.ray
+        self.workers = [self._make_worker(w) for w in range(self.cfg.rollout.workers)]
+        ray.get(self.learner.publish.remote())  # the learner is up (workers start meanwhile)
+        if self.step > 0:
+            self._publish()
+        train_ref = None
+        wait_start = time.time()
+        step_start = time.time()
+        while self.step < self.cfg.train.steps:
+            self._admit()
+            need = self._next_groups()
+            if train_ref is None and all(g in self.done for g in need):
+                self.spans.append(Span("waiting for data", "learner_wait", "learner", wait_start,
+                                       time.time() - wait_start))
+                batch = [self.done.pop(g) for g in need]
+                self.consumed = need[-1] + 1
+                train_ref = self.learner.train_step.remote(batch)
+                batch_stats = _batch_stats(batch)
+            pending = list(self.inflight) + list(self.updates) + ([train_ref] if train_ref else [])
+            ready, _ = ray.wait(pending, num_returns=1)
+            ref = ready[0]
+            if ref is train_ref:
+                metrics, spans = ray.get(ref)
+                train_ref = None
+                self.spans += spans
+                self._publish()
+                rec = self._finish_step(metrics, batch_stats, step_start)
+                step_start = wait_start = time.time()
+                if self.on_step:
+                    self.on_step(rec)
+                if self.step % self.cfg.train.checkpoint_every == 0 or \
+                        self.step == self.cfg.train.steps:
+                    self._checkpoint()
+            elif ref in self.updates:
+                w = self.updates.pop(ref)
+                try:
+                    self.worker_version[w] = max(self.worker_version[w], ray.get(ref))
+                except ray.exceptions.RayActorError as e:
+                    self._restart(w, e)
+            else:
+                w, g = self.inflight.pop(ref)
+                try:
+                    res: GroupResult = ray.get(ref)
+                except ray.exceptions.RayActorError as e:
+                    self.inflight[ref] = (w, g)
+                    self._restart(w, e)
+                    continue
+                except ray.exceptions.RayTaskError as e:  # the episode code raised
+                    self._drop(g, e)
+                    continue
+                self.spans += res.spans
+                self.done[g] = res.trajectories
+        for w in self.workers:
+            ray.kill(w, no_restart=True)
+        return self.counters
+
+    def _next_groups(self) -> list[int]:
+        """The indices of the n groups the next step trains on."""
+        out, g = [], self.consumed
+        while len(out) < self.n:
+            if g not in self.dropped:
+                out.append(g)
+            g += 1
+        return out
+
+    def _drop(self, g: int, err: Exception) -> None:
+        reason = type(getattr(err, "cause", None) or err).__name__
+        self.dropped[g] = reason
+        self.counters["dropped"] += 1
+        print(f"parity train: group {g} dropped ({reason}): {str(err).strip()[-500:]}",
+              file=sys.stderr)
+
+    def _publish(self) -> None:
+        """Weight sync: learner -> object store -> every worker (acks arrive later)."""
+        refs, version, put_s = self.ray.get(self.learner.publish.remote())
+        self.spans.append(Span("publish weights", "sync", "learner", time.time() - put_s, put_s,
+                               args={"version": version}))
+        self.weights_ref, self.weights_version = refs, version
+        for w, actor in enumerate(self.workers):
+            self._send_weights(w, actor)
+
+    def _finish_step(self, metrics: dict[str, float], batch_stats: dict[str, float],
+                     step_start: float) -> dict[str, Any]:
+        """Assemble, log and return the record of the step just trained."""
+        for w, actor in enumerate(self.workers):
+            try:
+                self.spans += self.ray.get(actor.drain_spans.remote())
+            except self.ray.exceptions.RayActorError as e:
+                self._restart(w, e)
+        for s in self.spans:  # time counts towards the step in whose window it arrived
+            s.step = self.step
+        wall = time.time() - step_start
+        secs = step_seconds(self.spans).get(self.step, {})
+        self.counters["skipped_nonfinite"] = int(metrics.pop("count/skipped_nonfinite"))
+        tokens = metrics.pop("learner/tokens")
+        rec: dict[str, Any] = {
+            "step": self.step,
+            **batch_stats,
+            **metrics,
+            "timing/step_s": wall,
+            "timing/gen_s": secs.get("gen", 0.0),
+            "timing/env_s": secs.get("env", 0.0) + secs.get("reward", 0.0),
+            "timing/learner_s": sum(secs.get(c, 0.0) for c in ("learner_fwd", "learner_bwd",
+                                                              "optim")),
+            "timing/sync_s": secs.get("sync", 0.0),
+            "timing/learner_wait_s": secs.get("learner_wait", 0.0),
+            "timing/rollout_idle_frac": min(1.0, secs.get("rollout_idle", 0.0)
+                                            / max(wall * len(self.workers), 1e-9)),
+            "throughput/tokens_per_s": tokens / wall if wall > 0 else 0.0,
+            "version": self.step + 1,
+            **{f"count/{k}": v for k, v in self.counters.items()},
+        }
+        self.run_dir.log(rec)
+        self.run_dir.log_spans(self.spans)
+        self.spans = []
+        self.step += 1
+        return rec
+
+    def _checkpoint(self) -> None:
+        with_span = time.time()
+        driver = {"cursor": self.cursor, "counters": dict(self.counters),
+                  "consumed": self.consumed, "dropped": dict(self.dropped)}
+        # unfinished groups are re-run on resume from their index: nothing lost or repeated
+        self.ray.get(self.learner.checkpoint.remote(
+            str(self.run_dir.checkpoints), self.step, driver, dict(self.done),
+            self.cfg.train.keep_checkpoints))
+        self.spans.append(Span("checkpoint", "optim", "learner", with_span,
+                               time.time() - with_span))
+
+
+def _batch_stats(groups: list[list[Trajectory]]) -> dict[str, float]:
+    """Reward, pass rate, response length and turns of one batch."""
+    trajs = [t for g in groups for t in g]
+    n = len(trajs)
+    return {
+        "reward/mean": sum(t.reward for t in trajs) / n,
+        "reward/pass_rate": sum(bool(t.info.get("passed", t.reward > 0)) for t in trajs) / n,
+        "response/len_mean": sum(t.num_generated for t in trajs) / n,
+        "episode/turns_mean": sum(t.num_turns for t in trajs) / n,
+    }

@@ -1,0 +1,159 @@
+"""A rollout worker: a generation backend (the engine) plus an episode function (env
+runner + sandbox pool), running groups of episodes concurrently on the newest weights.
+
+The worker is a plain class; the orchestrator makes it a Ray actor. It is generic over
+  * `Backend`: anything with `version`, `async agenerate(prompt_ids, sampling) -> Completion`
+    and `update_weights(state_dict, version)` (the parity engine by default);
+  * `EpisodeFn`: `async (generate, task_seed, sampling_seed) -> Trajectory` (the env
+    runner by default): one episode of the task `task_seed`.
+
+Weight updates: with `in_flight_updates` they apply at once, and episodes in progress
+continue on the new weights (their tokens carry both versions). Without, the update waits
+until the worker's episodes have finished, and new groups wait for the update.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from parity.core.timing import Span, Timeline
+from parity.core.types import Completion, SamplingParams, Trajectory
+from parity.trainer.config import TrainConfig
+
+Generate = Callable[[list[int], SamplingParams], Awaitable[Completion]]
+EpisodeFn = Callable[[Generate, int, int], Awaitable[Trajectory]]
+
+
+class Backend(Protocol):
+    version: int
+
+    async def agenerate(self, prompt_ids: list[int], sampling: SamplingParams) -> Completion: ...
+
+    def update_weights(self, state_dict: dict[str, Any], version: int) -> None: ...
+
+
+BackendFactory = Callable[[TrainConfig], Backend]
+EpisodeFactory = Callable[[TrainConfig], EpisodeFn]
+
+
+@dataclass
+class GroupResult:
+    """One prompt's G finished episodes, plus the worker's spans since its last report."""
+
+    index: int
+    worker: int
+    start_version: int
+    trajectories: list[Trajectory]
+    spans: list[Span] = field(default_factory=list)
+
+
+def group_seed(base: int, index: int, member: int) -> int:
+    """The sampling seed of episode `member` of group `index` (reproducible on re-run)."""
+    return (base * 1_000_003 + index * 1_009 + member) % (2**31)
+
+
+class RolloutWorker:
+    """Runs groups of episodes; see the module docstring."""
+
+    def __init__(self, worker_id: int, cfg: TrainConfig, backend_factory: BackendFactory,
+                 episode_factory: EpisodeFactory) -> None:
+        self.id = worker_id
+        self.cfg = cfg
+        self.backend = backend_factory(cfg)
+        self.episode = episode_factory(cfg)
+        self.timeline = Timeline(f"rollout-{worker_id}")
+        self.timeline.step = self.backend.version
+        self._active = 0
+        self._idle_since: float | None = time.time()
+        self._drained = asyncio.Event()  # set while no episode is in flight
+        self._drained.set()
+        self._no_update_pending = asyncio.Event()
+        self._no_update_pending.set()
+
+    @property
+    def version(self) -> int:
+        return self.backend.version
+
+    async def run_group(self, index: int) -> GroupResult:
+        """Run the G episodes of group `index` (task seed = env.task_seed + index)."""
+        await self._no_update_pending.wait()
+        start_version = self.backend.version
+        task_seed = self.cfg.env.task_seed + index
+        trajs = await asyncio.gather(*(
+            self._episode(index, task_seed, m) for m in range(self.cfg.rollout.group_size)
+        ))
+        return GroupResult(index, self.id, start_version, list(trajs), self.timeline.drain())
+
+    async def _episode(self, index: int, task_seed: int, member: int) -> Trajectory:
+        self._enter()
+        eid = f"g{index}-{member}"
+        tl = self.timeline
+        state = {"turn": 0, "last": time.time()}
+        seed = group_seed(self.cfg.train.seed, index, member)
+
+        async def generate(prompt_ids: list[int], sampling: SamplingParams) -> Completion:
+            t0 = time.time()
+            # the gap since the previous generation is the env's turn (tool, sandbox, obs)
+            tl.add("env step", "env", state["last"], t0 - state["last"], episode=eid,
+                   turn=state["turn"] - 1)
+            c = await self.backend.agenerate(prompt_ids, sampling)
+            state["last"] = time.time()
+            tl.add("generate", "gen", t0, state["last"] - t0, episode=eid, turn=state["turn"],
+                   tokens=len(c.token_ids), version=self.backend.version)
+            state["turn"] += 1
+            return c
+
+        t_start = time.time()
+        try:
+            traj = await self.episode(generate, task_seed, seed)
+        finally:
+            self._leave()
+        t_end = time.time()
+        tl.add("env + reward", "reward", state["last"], t_end - state["last"], episode=eid,
+               turn=state["turn"] - 1)
+        tl.add(f"episode {eid}", "episode", t_start, t_end - t_start, episode=eid,
+               reward=traj.reward, turns=traj.num_turns)
+        return traj
+
+    def _enter(self) -> None:
+        if self._active == 0 and self._idle_since is not None:
+            now = time.time()
+            self.timeline.add("idle", "rollout_idle", self._idle_since, now - self._idle_since)
+            self._idle_since = None
+        self._active += 1
+        self._drained.clear()
+
+    def _leave(self) -> None:
+        self._active -= 1
+        if self._active == 0:
+            self._idle_since = time.time()
+            self._drained.set()
+
+    async def update_weights(self, state_dict: dict[str, Any], version: int) -> int:
+        """Load `state_dict` as policy `version`; returns the version now in use."""
+        if version <= self.backend.version:
+            return self.backend.version
+        if not self.cfg.rollout.in_flight_updates:
+            self._no_update_pending.clear()
+            await self._drained.wait()
+        with self.timeline.span("update weights", "sync", version=version):
+            self.backend.update_weights(state_dict, version)
+        self.timeline.step = version
+        self._no_update_pending.set()
+        return version
+
+    def drain_spans(self) -> list[Span]:
+        """The spans so far; an idle stretch in progress is reported up to now, so that
+        idle time counts towards the step in which it happened."""
+        if self._active == 0 and self._idle_since is not None:
+            now = time.time()
+            self.timeline.add("idle", "rollout_idle", self._idle_since, now - self._idle_since)
+            self._idle_since = now
+        return self.timeline.drain()
+
+    def ping(self) -> int:
+        return self.id

@@ -1,0 +1,112 @@
+"""`parity train`: set up the run directory and Ray, run the orchestrator, write outputs."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from parity.trainer.checkpoint import latest_checkpoint, load_checkpoint
+from parity.trainer.config import TrainConfig, load_train_config
+from parity.trainer.orchestrator import ModelIO, Orchestrator
+from parity.trainer.rollout import BackendFactory, EpisodeFactory
+from parity.trainer.rundir import RunDir
+
+
+def start_ray(address: str, cfg: TrainConfig) -> None:
+    """Join the cluster at `address`, or start a local Ray sized to hold the actors even on
+    a 2-core laptop (logical CPUs: one learner plus the workers)."""
+    if not address:
+        # Under `uv run`, Ray would rebuild the workspace into a fresh environment for its
+        # workers; local workers share this interpreter's instead. Read at `import ray`.
+        os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+    import ray
+
+    if ray.is_initialized():
+        return
+    if address:
+        ray.init(address=address, log_to_driver=True)
+        return
+    need = 1 + cfg.rollout.workers * cfg.rollout.num_cpus_per_worker
+    ray.init(num_cpus=max(os.cpu_count() or 1, int(need + 0.999)), include_dashboard=False,
+             log_to_driver=True)
+
+
+def run_training(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
+                 io: ModelIO | None = None, backend_factory: BackendFactory | None = None,
+                 episode_factory: EpisodeFactory | None = None,
+                 progress: bool = False) -> dict[str, Any]:
+    """Train `cfg` into `run_dir` (continuing its latest checkpoint if `resume`).
+
+    The three factories default to parity.model, the parity engine and the env runner;
+    tests and other backends pass their own. Returns the run's summary."""
+    from parity.trainer import backends
+
+    model_dir = backends.resolve_model_dir(cfg)
+    run = RunDir(run_dir, tensorboard=cfg.output.tensorboard)
+    ckpt = None
+    if resume:
+        path = latest_checkpoint(run.checkpoints)
+        if path is not None:
+            ckpt = load_checkpoint(path)
+            run.truncate_from(ckpt.state["learner"]["version"])
+        else:  # killed before the first checkpoint: start over in the same directory
+            run.truncate_from(0)
+    run.save_config(cfg)
+    start_ray(cfg.train.ray_address, cfg)
+    orch = Orchestrator(
+        cfg, run, io or backends.parity_model_io(),
+        backend_factory or backends.engine_backend, episode_factory or backends.env_episodes,
+        model_dir=model_dir, resume=ckpt,
+    )
+    t0 = time.time()
+    if progress:
+        with _Progress(cfg, orch.step) as bar:
+            orch.on_step = bar.update
+            counters = orch.run()
+    else:
+        counters = orch.run()
+    return run.finish({"run_wall_s": time.time() - t0, "mode": cfg.train.mode,
+                       "max_lag": cfg.max_lag, **counters}, plots=cfg.output.plots)
+
+
+def load_for_cli(config: Path | None, overrides: list[str], out: Path | None,
+                 resume: Path | None, ray_address: str | None) -> tuple[TrainConfig, Path]:
+    """Resolve the config and run directory of a `parity train` invocation."""
+    if resume is not None:
+        saved = resume / "config.toml"
+        if not saved.is_file():
+            raise FileNotFoundError(f"{resume}: no config.toml (not a run directory)")
+        cfg = load_train_config(saved, overrides)
+        run_dir = resume
+    else:
+        cfg = load_train_config(config, overrides)
+        run_dir = out or Path("runs") / time.strftime("%Y%m%d-%H%M%S")
+    if ray_address:
+        cfg.train.ray_address = ray_address
+    return cfg, run_dir
+
+
+class _Progress:
+    """A rich progress bar with the step's headline metrics."""
+
+    def __init__(self, cfg: TrainConfig, done: int) -> None:
+        from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self.p = Progress(TextColumn("[bold]train"), BarColumn(), TextColumn("{task.completed}/"
+                          "{task.total}"), TimeRemainingColumn(), TextColumn("{task.description}"))
+        self.task = self.p.add_task("", total=cfg.train.steps, completed=done)
+
+    def __enter__(self) -> _Progress:
+        self.p.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.p.__exit__(*exc)
+
+    def update(self, rec: dict[str, Any]) -> None:
+        desc = (f"reward {rec['reward/mean']:.3f} · d3 {rec['is/d3']:.2e} "
+                f"(mismatch {rec.get('is/d3_mismatch', 0.0):.1e}) · lag {rec['lag/max']:.0f} · "
+                f"{rec['throughput/tokens_per_s']:.0f} tok/s")
+        self.p.update(self.task, advance=1, description=desc)

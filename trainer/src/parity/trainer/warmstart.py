@@ -1,0 +1,121 @@
+"""The embedded default's warm start: supervised fine-tuning on oracle demonstrations.
+
+Demonstrations are real episodes of the environment (real sandbox, real renderer) played
+by a demonstrator that uses the tool with probability `p_tool` and otherwise answers at
+once from memory (the right answer, which a model this small rarely reproduces). The
+warm-started model therefore uses the tool only some of the time: reinforcement learning
+has visible room to teach it to use the tool every time.
+
+Training uses the learner's own `token_logprobs` (aligned kernels), a fixed seed and a
+fixed thread count, so the same script on the same machine type rebuilds the same bits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from parity.core.types import Completion, SamplingParams, Trajectory
+from parity.model import Decoder, token_logprobs
+
+
+@dataclass
+class SFTConfig:
+    steps: int = 3000
+    batch_size: int = 64
+    lr: float = 3e-3
+    warmup: int = 100
+    weight_decay: float = 0.01
+    seed: int = 0
+
+
+def _demonstrator(env: Any, use_tool: bool) -> Callable:
+    """A `generate` that plays the oracle, or answers at once when `use_tool` is False."""
+    tok = env.unwrapped.tokenizer
+
+    async def generate(prompt: list[int], sampling: SamplingParams) -> Completion:
+        inner = env.unwrapped
+        text = inner.oracle_action() if use_tool else f"<ans>{inner.episode.task['answer']}</ans>"
+        ids = [*tok.encode(text), tok.eos_token_id]
+        return Completion(ids, [0.0] * len(ids), [0] * len(ids), "stop")
+
+    return generate
+
+
+async def _collect(make_env: Callable[[], Any], seeds: list[int], p_tool: float, concurrency: int,
+                   progress: Callable[[int], None]) -> list[Trajectory]:
+    from parity.envs.runner import run_episode
+
+    rng = random.Random(seeds[0] if seeds else 0)
+    plan = [(s, rng.random() < p_tool) for s in seeds]
+    out: list[Trajectory | None] = [None] * len(plan)
+    queue = list(enumerate(plan))
+
+    async def worker() -> None:
+        env = make_env()
+        try:
+            while queue:
+                i, (seed, use_tool) = queue.pop()
+                out[i] = await run_episode(env, _demonstrator(env, use_tool), seed=seed)
+                progress(1)
+        finally:
+            env.close()
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return [t for t in out if t is not None]
+
+
+def demonstrations(make_env: Callable[[], Any], seeds: list[int], p_tool: float,
+                   concurrency: int = 8, progress: Callable[[int], None] = lambda _: None,
+                   ) -> list[Trajectory]:
+    """One demonstration episode per seed, each a token-level Trajectory with its loss mask."""
+    return asyncio.run(_collect(make_env, seeds, p_tool, concurrency, progress))
+
+
+def _batch(demos: list[Trajectory]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    t = max(len(d.tokens) for d in demos)
+    tokens = torch.zeros(len(demos), t, dtype=torch.long)
+    mask = torch.zeros(len(demos), t - 1)
+    for i, d in enumerate(demos):
+        tokens[i, : len(d.tokens)] = torch.tensor(d.tokens)
+        mask[i, : len(d.tokens) - 1] = torch.tensor(d.loss_mask[1:], dtype=torch.float32)
+    return tokens, mask, torch.tensor([len(d.tokens) for d in demos])
+
+
+def sft_loss(model: Decoder, demos: list[Trajectory]) -> torch.Tensor:
+    """Mean negative log-likelihood of the model-written tokens of `demos`."""
+    tokens, mask, lengths = _batch(demos)
+    lp = token_logprobs(model, tokens, lengths=lengths)
+    return -(lp * mask).sum() / mask.sum()
+
+
+def train_sft(model: Decoder, demos: list[Trajectory], cfg: SFTConfig,
+              on_step: Callable[[int, float], None] = lambda *_: None) -> None:
+    """AdamW with linear warmup and cosine decay over `cfg.steps` minibatches."""
+    gen = torch.Generator().manual_seed(cfg.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
+                            betas=(0.9, 0.98))
+
+    def lr_at(step: int) -> float:
+        if step < cfg.warmup:
+            return cfg.lr * (step + 1) / cfg.warmup
+        frac = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+        return cfg.lr * 0.5 * (1 + math.cos(math.pi * frac))
+
+    model.train()
+    for step in range(cfg.steps):
+        idx = torch.randint(len(demos), (cfg.batch_size,), generator=gen).tolist()
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step)
+        loss = sft_loss(model, [demos[i] for i in idx])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        on_step(step, loss.item())

@@ -1,0 +1,6 @@
+"""Ray workers share the test interpreter's environment, as under `parity train` (set
+before anything imports ray, which reads it at import)."""
+
+import os
+
+os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")

@@ -1,0 +1,145 @@
+"""Config validation, run-dir outputs, time spans, the Chrome trace, profile and the CLI."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from parity.core.config import ConfigError
+from parity.core.timing import Span, Timeline, chrome_trace, read_spans, step_seconds, write_spans
+from parity.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from parity.trainer.cli import app
+from parity.trainer.config import TrainConfig, load_train_config
+from parity.trainer.profile import profile_run
+from parity.trainer.rundir import RunDir, read_metrics
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def test_unknown_key_and_wrong_type_name_the_key(tmp_path: Path) -> None:
+    p = tmp_path / "c.toml"
+    p.write_text("[optim]\nlr = 1e-3\nlearning_rate = 2\n")
+    with pytest.raises(ConfigError, match=r"optim.learning_rate: unknown key"):
+        load_train_config(p)
+    with pytest.raises(ConfigError, match=r"loss.is_mode"):
+        load_train_config(None, ["loss.is_mode=clip"])
+    with pytest.raises(ConfigError, match=r"rollout.group_size"):
+        load_train_config(None, ["rollout.group_size=zero"])
+    with pytest.raises(ConfigError, match="icepop_lo"):
+        load_train_config(None, ["loss.icepop_lo=3.0"])
+
+
+def test_overrides_and_sync_mode_lag() -> None:
+    cfg = load_train_config(None, ["optim.lr=3e-4", "train.mode=sync", "train.max_lag=8"])
+    assert cfg.optim.lr == 3e-4
+    assert cfg.max_lag == 0
+    assert load_train_config(None, ["train.max_lag=8"]).max_lag == 8
+
+
+def test_example_configs_validate() -> None:
+    for p in sorted(EXAMPLES.glob("*.toml")):
+        load_train_config(p)
+
+
+def test_resolved_config_round_trips(tmp_path: Path) -> None:
+    cfg = load_train_config(None, ["loss.gate_kl=0.5", "env.kwargs.difficulty=2"])
+    run = RunDir(tmp_path)
+    run.save_config(cfg)
+    again = load_train_config(run.config_path)
+    assert again == cfg
+    assert tomllib.loads(run.config_path.read_text())["loss"]["gate_kl"] == 0.5
+
+
+def test_timeline_spans_trace_and_step_breakdown(tmp_path: Path) -> None:
+    tl = Timeline("rollout-0")
+    tl.step = 3
+    tl.add("generate", "gen", 100.0, 2.0, episode="g0-0", turn=0)
+    tl.add("env step", "env", 102.0, 0.5, episode="g0-0", turn=0)
+    with tl.span("update", "sync", version=4) as extra:
+        extra["bytes"] = 10
+    with pytest.raises(ValueError, match="unknown category"):
+        tl.add("x", "thinking", 0.0, 1.0)
+    spans = tl.drain()
+    assert tl.drain() == []
+    assert spans[2].args == {"version": 4, "bytes": 10}
+    secs = step_seconds([*spans, Span("e", "episode", "rollout-0", 100.0, 2.5, step=3)])
+    assert secs[3]["gen"] == 2.0 and secs[3]["env"] == 0.5 and "episode" not in secs[3]
+    trace = chrome_trace([*spans[:2], Span("fwd", "learner_fwd", "learner", 101.0, 1.0)])
+    meta = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
+    assert sorted(meta.values()) == ["learner", "rollout-0"]
+    xs = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    gen = next(e for e in xs if e["name"] == "generate")
+    assert gen["ts"] == 0.0 and gen["dur"] == 2e6 and gen["args"]["turn"] == 0
+    assert meta[next(e for e in xs if e["name"] == "fwd")["pid"]] == "learner"
+    write_spans(spans, tmp_path / "s.jsonl")
+    with open(tmp_path / "s.jsonl", "a") as f:
+        f.write('{"name": "torn')  # a crash mid-write
+    assert [s.name for s in read_spans(tmp_path / "s.jsonl")] == [s.name for s in spans]
+
+
+def _fake_run(root: Path, steps: int = 3) -> RunDir:
+    run = RunDir(root)
+    for k in range(steps):
+        run.log({"step": k, "reward/mean": 0.1 * k, "reward/pass_rate": 0.1, "is/d3": 0.0,
+                 "timing/step_s": 2.0, "timing/gen_s": 1.5, "timing/learner_s": 0.5})
+        run.log_spans([Span("generate", "gen", "rollout-0", 10.0 * k, 1.5, step=k,
+                            episode=f"g{k}", turn=0),
+                       Span("forward", "learner_fwd", "learner", 10.0 * k + 1.5, 0.5, step=k),
+                       Span("wait", "learner_wait", "learner", 10.0 * k, 1.5, step=k)])
+    return run
+
+
+def test_profile_breakdown_and_summary(tmp_path: Path) -> None:
+    run = _fake_run(tmp_path)
+    summary = run.finish({"mode": "async"})
+    assert summary["steps"] == 3 and summary["wall_s"] == 6.0
+    assert summary["updates_per_hour"] == pytest.approx(1800.0)
+    assert summary["reward/last"] == pytest.approx(0.2)
+    assert json.loads((tmp_path / "summary.json").read_text())["mode"] == "async"
+    assert (tmp_path / "plots" / "timing.png").stat().st_size > 0
+    rep = profile_run(tmp_path)
+    assert rep["breakdown"]["gen"]["total_s"] == pytest.approx(4.5)
+    assert rep["breakdown"]["gen"]["share_of_wall"] == pytest.approx(0.75)
+    assert rep["idle"]["learner_wait_frac"] == pytest.approx(0.75)
+    assert rep["idle"]["rollout_workers"] == 1
+    assert rep["slowest_turns"][0]["gen"] == pytest.approx(1.5)
+
+
+def test_truncate_from_forgets_redone_steps(tmp_path: Path) -> None:
+    run = _fake_run(tmp_path)
+    run.truncate_from(1)
+    assert [r["step"] for r in read_metrics(tmp_path)] == [0]
+    assert {s.step for s in read_spans(run.spans_path)} == {0}
+
+
+def test_checkpoint_is_atomic_and_keeps_newest(tmp_path: Path) -> None:
+    def write_model(d: Path) -> None:
+        d.mkdir()
+        (d / "config.json").write_text("{}")
+
+    for step in (2, 4, 6):
+        save_checkpoint(tmp_path, step, write_model=write_model, optimizer={"s": step},
+                        state={"version": step}, queue=[{7: ["traj"]}], keep=2)
+    assert sorted(p.name for p in tmp_path.glob("step_*")) == ["step_000004", "step_000006"]
+    ck = load_checkpoint(latest_checkpoint(tmp_path))
+    assert ck.state == {"version": 6} and ck.queue == [{7: ["traj"]}]
+    assert (ck.model_dir / "config.json").exists()
+    # a crash while writing step 8 leaves a temp dir and the previous checkpoint usable
+    (tmp_path / ".step_000008.tmp").mkdir()
+    assert latest_checkpoint(tmp_path).name == "step_000006"
+
+
+def test_cli_profile_and_config_errors(tmp_path: Path) -> None:
+    _fake_run(tmp_path / "run")
+    r = CliRunner().invoke(app, ["profile", str(tmp_path / "run"), "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["steps"] == 3
+    r = CliRunner().invoke(app, ["profile", str(tmp_path / "nothing")])
+    assert r.exit_code == 2 and "no metrics.jsonl" in r.output
+    r = CliRunner().invoke(app, ["train", "--set", "optim.lrr=1", "--out", str(tmp_path / "x")])
+    assert r.exit_code == 2 and "optim.lrr: unknown key" in r.output
+    assert TrainConfig().train.mode == "async"

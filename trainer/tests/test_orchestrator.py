@@ -1,0 +1,118 @@
+"""Real Ray runs of the orchestrator on the tiny model: versions, lag bound, D3 split,
+sync mode, run-dir outputs, profile, worker restart and resume."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import ray
+import tiny
+import torch
+
+from parity.core.timing import read_spans
+from parity.trainer.config import TrainConfig
+from parity.trainer.orchestrator import ModelIO
+from parity.trainer.profile import profile_run
+from parity.trainer.rundir import read_metrics
+from parity.trainer.train import run_training
+
+ray.cloudpickle.register_pickle_by_value(tiny)  # Ray workers cannot import test modules
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def _cfg(tmp: Path, **sections) -> TrainConfig:
+    model_dir = tmp / "init"
+    if not model_dir.exists():
+        tiny.save_tiny(tiny.TinyLM(), model_dir)
+    base = {
+        "model": {"path": str(model_dir)},
+        "rollout": {"workers": 2, "num_cpus_per_worker": 1, "group_size": 2,
+                    "groups_per_step": 2, "max_groups_in_flight": 2},
+        "optim": {"lr": 0.05},
+        "train": {"steps": 4, "max_lag": 2, "checkpoint_every": 2},
+        "output": {"tensorboard": False, "plots": True, "progress": False},
+    }
+    for k, v in sections.items():
+        base.setdefault(k, {}).update(v)
+    return TrainConfig.model_validate(base)
+
+
+def _train(cfg: TrainConfig, run: Path, resume: bool = False) -> dict:
+    io = ModelIO(load=tiny.load_tiny, save=tiny.save_tiny, logprobs=tiny.token_logprobs)
+    return run_training(cfg, run, resume=resume, io=io, backend_factory=tiny.TinyBackend,
+                        episode_factory=tiny.tiny_episodes)
+
+
+def test_async_run_versions_lag_and_aligned_split(ray_local, tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path, rollout={"in_flight_updates": True})
+    summary = _train(cfg, tmp_path / "run")
+    recs = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in recs] == [0, 1, 2, 3]
+    assert [r["version"] for r in recs] == [1, 2, 3, 4]
+    assert all(r["lag/max"] <= 2 for r in recs)
+    assert recs[0]["lag/max"] == 0.0  # nothing older than version 0 exists
+    assert all(r["is/d3_mismatch"] == 0.0 for r in recs)  # aligned: only lag remains
+    assert all(r["is/d3"] == r["is/d3_lag"] for r in recs)
+    for key in ("reward/mean", "is/ess_frac", "kl/rollout_learner", "grad/norm", "lr",
+                "timing/step_s", "timing/gen_s", "timing/learner_s", "timing/sync_s",
+                "timing/learner_wait_s", "timing/rollout_idle_frac",
+                "throughput/tokens_per_s", "gate/rejected_frac", "is/w_peak_over_median"):
+        assert key in recs[-1], key
+    assert all(r["timing/learner_s"] > 0 for r in recs)
+    assert sum(r["timing/gen_s"] for r in recs) > 0  # counted in the step it arrived in
+    assert summary["steps"] == 4 and summary["dropped"] == 0
+    run = tmp_path / "run"
+    for name in ("config.toml", "summary.json", "trace.json", "plots/reward.png",
+                 "plots/is.png", "plots/timing.png", "checkpoints/latest"):
+        assert (run / name).exists(), name
+    trace = json.loads((run / "trace.json").read_text())
+    names = {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
+    assert {"learner", "rollout-0", "rollout-1"} <= names
+    rep = profile_run(run)
+    assert rep["steps"] == 4 and "gen" in rep["breakdown"] and rep["slowest_turns"]
+    assert rep["idle"]["rollout_workers"] == 2
+
+
+def test_standard_kernels_sync_mode_and_a_dropped_group(ray_local, tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path, model={"kernels": "standard"}, rollout={"workers": 1},
+               train={"steps": 2, "mode": "sync"}, env={"kwargs": {"raise_on_task": 1}})
+    summary = _train(cfg, tmp_path / "run")
+    assert summary["dropped"] == 1  # group 1's episodes raised; group 4 took its place
+    recs = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in recs] == [0, 1]
+    assert all(r["lag/max"] == 0.0 for r in recs)
+    assert all(r["is/d3_mismatch"] > 0 for r in recs)
+    assert all(r["is/d3_lag"] == 0.0 for r in recs)
+
+
+@pytest.mark.slow
+def test_worker_crash_then_resume_loses_and_repeats_nothing(ray_local, tmp_path: Path) -> None:
+    """A rollout worker dies mid-run (restarted, its groups re-run); later the trainer
+    "dies" after an uncheckpointed step; resuming redoes exactly that step."""
+    run = tmp_path / "run"
+    marker = tmp_path / "crashed"
+    one = {"workers": 1}
+    summary = _train(_cfg(tmp_path, rollout=one, env={"kwargs": {"crash_marker": str(marker)}},
+                          train={"steps": 2, "checkpoint_every": 2}), run)
+    assert marker.exists() and summary["worker_restarts"] == 1
+    ckpt_state = torch.load(run / "checkpoints" / "step_000002" / "state.pt", weights_only=False)
+    assert ckpt_state["learner"]["version"] == 2
+    # metrics of a step 2 that was lost with the process (no checkpoint after it)
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"step": 2, "reward/mean": -1.0}) + "\n")
+    _train(_cfg(tmp_path, rollout=one, train={"steps": 4, "checkpoint_every": 2}), run,
+           resume=True)
+    recs = read_metrics(run)
+    assert [r["step"] for r in recs] == [0, 1, 2, 3]
+    assert recs[2]["reward/mean"] != -1.0
+    assert [r["version"] for r in recs] == [1, 2, 3, 4]
+    assert recs[-1]["count/worker_restarts"] == 1  # counters survive the resume
+    assert all(s.step < 4 for s in read_spans(run / "spans.jsonl"))
