@@ -1,0 +1,284 @@
+"""The parity audit: engine-recorded logprobs against the learner's, bit for bit.
+
+Every scenario runs the engine under one condition (batch composition, chunking, cache
+state, preemption, threads, weight version ...) and compares each recorded logprob with
+`token_logprobs(model, tokens, temperature)` — the learner's training forward — on the
+same weights and the same tokens, or, for decode vs prefill, with the engine's own prefill
+of the same prefix. In aligned kernel mode every scenario must be bit-identical; in
+standard mode several are expected to differ (the audit can fail).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass
+
+import torch
+
+from parity.core.types import Completion, SamplingParams
+from parity.engine.config import EngineConfig
+from parity.engine.engine import Engine
+from parity.model import KV_TILE, Decoder, token_logprobs
+
+TEMPERATURE = 0.8
+BLOCK = 16
+
+
+@dataclass
+class ScenarioResult:
+    name: str
+    tokens_compared: int
+    max_abs_diff: float
+    bitwise_equal: bool
+
+
+@dataclass
+class Case:
+    """One finished request: its full token list, where generation began, what was recorded."""
+
+    tokens: list[int]
+    start: int
+    logprobs: list[float]
+    temperature: float = TEMPERATURE
+
+    @classmethod
+    def of(cls, prompt: list[int], c: Completion, temperature: float = TEMPERATURE) -> Case:
+        return cls(list(prompt) + c.token_ids, len(prompt), c.logprobs, temperature)
+
+
+def learner_logprobs(model: Decoder, cases: list[Case]) -> list[torch.Tensor]:
+    """The learner's per-token logprobs of each case's generated tokens, all cases in one batch."""
+    out: list[torch.Tensor | None] = [None] * len(cases)
+    for t in sorted({c.temperature for c in cases}):
+        idx = [i for i, c in enumerate(cases) if c.temperature == t]
+        longest = max(len(cases[i].tokens) for i in idx)
+        toks = torch.zeros(len(idx), longest, dtype=torch.long)
+        for row, i in enumerate(idx):
+            toks[row, : len(cases[i].tokens)] = torch.tensor(cases[i].tokens)
+        lengths = torch.tensor([len(cases[i].tokens) for i in idx])
+        with torch.no_grad():
+            lp = token_logprobs(model, toks, t, lengths=lengths)
+        for row, i in enumerate(idx):
+            c = cases[i]
+            out[i] = lp[row, c.start - 1 : len(c.tokens) - 1]
+    return [o for o in out if o is not None]
+
+
+def compare(name: str, a: list[torch.Tensor], b: list[torch.Tensor]) -> ScenarioResult:
+    x = torch.cat([t.float().flatten() for t in a])
+    y = torch.cat([t.float().flatten() for t in b])
+    if x.shape != y.shape:
+        return ScenarioResult(name, int(min(x.numel(), y.numel())), float("inf"), False)
+    diff = float((x - y).abs().max()) if x.numel() else 0.0
+    return ScenarioResult(name, int(x.numel()), diff, bool(torch.equal(x, y)))
+
+
+def check_cases(name: str, model: Decoder, cases: list[Case]) -> ScenarioResult:
+    recorded = [torch.tensor(c.logprobs, dtype=torch.float32) for c in cases]
+    return compare(name, recorded, learner_logprobs(model, cases))
+
+
+class Auditor:
+    """Runs the scenarios on one model; `rng` makes prompts and request seeds reproducible."""
+
+    def __init__(self, model: Decoder, seed: int = 0, new_tokens: int = 12) -> None:
+        self.model = model
+        self.rng = random.Random(seed)
+        self.vocab = model.config.vocab_size
+        self.new_tokens = new_tokens
+
+    def prompt(self, n: int) -> list[int]:
+        return [self.rng.randrange(self.vocab) for _ in range(n)]
+
+    def params(self, **kw) -> SamplingParams:
+        kw.setdefault("max_new_tokens", self.new_tokens)
+        kw.setdefault("temperature", TEMPERATURE)
+        kw.setdefault("seed", self.rng.randrange(2**31))
+        return SamplingParams(**kw)
+
+    def engine(self, **kw) -> Engine:
+        kw.setdefault("kv_blocks", 512)
+        kw.setdefault("block_size", BLOCK)
+        return Engine(self.model, EngineConfig(**kw))
+
+    def run(self, prompts: list[list[int]], params: list[SamplingParams], **kw) -> list[Case]:
+        outs = self.engine(**kw).generate(prompts, params)
+        return [Case.of(p, c, sp.temperature or 1.0) for p, c, sp in zip(prompts, outs, params, strict=True)]
+
+    # ------------------------------------------------------------------ scenarios
+
+    def learner_vs_engine(self) -> ScenarioResult:
+        prompts = [self.prompt(self.rng.randint(1, 90)) for _ in range(8)]
+        params = [self.params(temperature=t) for t in (0.8, 0.8, 1.0, 0.0, 0.8, 1.3, 0.8, 1.0)]
+        return check_cases("learner full-sequence forward vs engine", self.model, self.run(prompts, params))
+
+    def batch_one_vs_many(self) -> ScenarioResult:
+        target, sp = self.prompt(40), self.params()
+        alone = self.run([target], [sp])
+        others = [self.prompt(self.rng.randint(5, 80)) for _ in range(15)]
+        many = self.run([target, *others], [sp] + [self.params() for _ in others])
+        # engine batch 1 vs learner batch 16, engine batch 16 vs learner batch 1
+        a = [torch.tensor(alone[0].logprobs), torch.tensor(many[0].logprobs)]
+        b = [learner_logprobs(self.model, [alone[0], *many[1:]])[0], learner_logprobs(self.model, [many[0]])[0]]
+        return compare("batch size 1 vs many", a, b)
+
+    def needle_in_batch(self) -> ScenarioResult:
+        eng = self.engine(max_batch_tokens=96)
+        others = [self.prompt(self.rng.randint(3, 70)) for _ in range(12)]
+        target, sp = self.prompt(33), self.params()
+        at = self.rng.randrange(len(others) + 1)
+        prompts = [*others[:at], target, *others[at:]]
+        params = [self.params(max_new_tokens=self.rng.randint(1, 20)) for _ in prompts]
+        params[at] = sp
+        seqs = [eng.make_sequence(p, s) for p, s in zip(prompts, params, strict=True)]
+        for s in seqs[:at]:
+            eng.add(s)
+        for _ in range(self.rng.randint(0, 6)):  # the target arrives mid-flight
+            eng.step()
+        for s in seqs[at:]:
+            eng.add(s)
+        while eng.scheduler.has_work():
+            eng.step()
+        case = Case.of(target, seqs[at].completion())
+        return compare("sequence hidden among random others at a random position",
+                       [torch.tensor(case.logprobs)], learner_logprobs(self.model, [case]))
+
+    def decode_vs_prefill(self) -> ScenarioResult:
+        prompt, sp = self.prompt(21), self.params()
+        dec = self.run([prompt], [sp])[0]
+        prefixes = [dec.tokens[: dec.start + j] for j in range(len(dec.logprobs))]
+        # each prefix prefilled in one forward; the same seed draws the same token at that position
+        pre = self.run(prefixes, [sp.model_copy(update={"max_new_tokens": 1})] * len(prefixes))
+        a = [torch.tensor(dec.logprobs)]
+        b = [torch.tensor([c.logprobs[0] for c in pre])]
+        same_tokens = all(c.tokens[-1] == dec.tokens[c.start] for c in pre)
+        r = compare("decode vs prefill for every token", a, b)
+        r.bitwise_equal = r.bitwise_equal and same_tokens
+        return r
+
+    def chunked_prefill(self, chunk: int) -> ScenarioResult:
+        prompt = self.prompt(100)
+        cases = self.run([prompt], [self.params(max_new_tokens=6)], max_batch_tokens=chunk)
+        return check_cases(f"chunked prefill, chunk size {chunk}", self.model, cases)
+
+    def prefix_cache(self) -> ScenarioResult:
+        eng = self.engine()
+        base = self.prompt(70)
+        cold = eng.generate([base], self.params())[0]
+        group = [self.params() for _ in range(4)]
+        hot = eng.generate([base] * 4, group)
+        ext = base + cold.token_ids + self.prompt(9)
+        cont = eng.generate([ext], self.params())[0]
+        hit = eng.num_cached_tokens > 0
+        cases = [Case.of(base, cold)] + [Case.of(base, c) for c in hot] + [Case.of(ext, cont)]
+        r = check_cases("prefix-cache hit vs miss", self.model, cases)
+        r.bitwise_equal = r.bitwise_equal and hit
+        return r
+
+    def preemption(self) -> ScenarioResult:
+        eng = self.engine(kv_blocks=16, max_batch_tokens=64)
+        prompts = [self.prompt(self.rng.randint(30, 60)) for _ in range(4)]
+        params = [self.params(max_new_tokens=24) for _ in prompts]
+        outs = eng.generate(prompts, params)
+        cases = [Case.of(p, c) for p, c in zip(prompts, outs, strict=True)]
+        r = check_cases("forced preemption and recompute", self.model, cases)
+        r.bitwise_equal = r.bitwise_equal and eng.scheduler.num_preemptions > 0
+        return r
+
+    def multi_turn(self) -> ScenarioResult:
+        eng = self.engine()
+        tokens, recorded, turns = self.prompt(30), [], []
+        for _ in range(3):  # each turn's prompt = everything so far + an observation
+            c = eng.generate([tokens], self.params())[0]
+            turns.append((len(tokens), len(c.token_ids)))
+            recorded += c.logprobs
+            tokens = tokens + c.token_ids + self.prompt(self.rng.randint(1, 20))
+        full = learner_logprobs(self.model, [Case(tokens, 1, [])])[0]
+        ref = [full[s - 1 : s - 1 + n] for s, n in turns]
+        r = compare("multi-turn continuation", [torch.tensor(recorded)], ref)
+        r.bitwise_equal = r.bitwise_equal and eng.num_cached_tokens > 0
+        return r
+
+    def threads(self) -> ScenarioResult:
+        prompts = [self.prompt(self.rng.randint(5, 60)) for _ in range(6)]
+        params = [self.params() for _ in prompts]
+        before = torch.get_num_threads()
+        try:
+            torch.set_num_threads(1)
+            one = self.run(prompts, params)
+            torch.set_num_threads(2)
+            two = self.run(prompts, params)
+            ref_two = learner_logprobs(self.model, one)  # learner at 2 threads vs engine at 1
+            torch.set_num_threads(1)
+            ref_one = learner_logprobs(self.model, two)  # learner at 1 thread vs engine at 2
+        finally:
+            torch.set_num_threads(before)
+        a = [torch.tensor(c.logprobs) for c in one + two]
+        return compare("1 vs 2 threads", a, ref_two + ref_one)
+
+    def weight_update(self) -> ScenarioResult:
+        eng = self.engine(max_batch_tokens=64)
+        prompts = [self.prompt(self.rng.randint(10, 60)) for _ in range(5)]
+        params = [self.params(max_new_tokens=16) for _ in prompts]
+        seqs = [eng.make_sequence(p, s) for p, s in zip(prompts, params, strict=True)]
+        for s in seqs:
+            eng.add(s)
+        for _ in range(5):
+            eng.step()
+        old = {k: v.clone() for k, v in self.model.state_dict().items()}
+        g = torch.Generator().manual_seed(self.rng.randrange(2**31))
+        new = {k: v + 0.02 * torch.randn(v.shape, generator=g) for k, v in old.items()}
+        old_cases = [_version_case(s, 0) for s in seqs]
+        eng.update_weights(new, 1)
+        try:
+            while eng.scheduler.has_work():
+                eng.step()
+            new_cases = [_version_case(s, 1) for s in seqs]
+            a = [torch.tensor(c.logprobs) for c in new_cases]
+            b = learner_logprobs(self.model, new_cases)
+        finally:
+            eng.update_weights(old, 2)
+        a += [torch.tensor(c.logprobs) for c in old_cases]
+        b += learner_logprobs(self.model, old_cases)
+        return compare("after a weight update", a, b)
+
+    def run_scenario(self, sid: str) -> ScenarioResult:
+        """One scenario by its id (see SCENARIOS)."""
+        if sid.startswith("chunk-"):
+            return self.chunked_prefill(int(sid.removeprefix("chunk-")))
+        return getattr(self, _METHODS[sid])()
+
+
+_CHUNKS = sorted({1, 7, KV_TILE - 1, KV_TILE, KV_TILE + 1, BLOCK - 1, BLOCK + 1})
+_METHODS = {
+    "learner": "learner_vs_engine", "batch": "batch_one_vs_many", "needle": "needle_in_batch",
+    "decode-prefill": "decode_vs_prefill", "prefix-cache": "prefix_cache",
+    "preemption": "preemption", "multi-turn": "multi_turn", "threads": "threads",
+    "weight-update": "weight_update",
+}
+SCENARIOS: tuple[str, ...] = (
+    "learner", "batch", "needle", "decode-prefill", *[f"chunk-{c}" for c in _CHUNKS],
+    "prefix-cache", "preemption", "multi-turn", "threads", "weight-update",
+)
+
+
+def _version_case(seq, version: int) -> Case:
+    """The tokens of `seq` generated under `version`, as a Case cut at its last such token."""
+    gen = seq.tokens[seq.num_prompt :]
+    idx = [i for i, v in enumerate(seq.versions) if v == version]
+    if not idx:
+        return Case(seq.tokens[: seq.num_prompt + 1], seq.num_prompt + 1, [])
+    first, last = idx[0], idx[-1]
+    tokens = seq.tokens[: seq.num_prompt] + gen[: last + 1]
+    return Case(tokens, seq.num_prompt + first, seq.logprobs[first : last + 1], seq.params.temperature or 1.0)
+
+
+def run_audit(model: Decoder, seed: int = 0) -> dict:
+    """Every scenario on `model` (in its current kernel mode); the JSON-ready report."""
+    auditor = Auditor(model, seed)
+    results = [asdict(auditor.run_scenario(sid)) for sid in SCENARIOS]
+    return {
+        "kernels": model.kernels.mode,
+        "scenarios": results,
+        "all_bitwise_equal": all(r["bitwise_equal"] for r in results),
+    }

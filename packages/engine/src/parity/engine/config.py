@@ -1,0 +1,44 @@
+"""EngineConfig: the engine's memory and batching limits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from parity.model import KV_TILE
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Limits of one engine. Invalid values are refused at construction.
+
+    kv_blocks: KV-cache blocks in the pool (per layer); memory is kv_blocks * block_size
+        token slots, allocated once, zero-initialised.
+    block_size: tokens per block; must divide the attention tile (KV_TILE = 64).
+    max_batch_tokens: new tokens one forward call may process (decode rows + prefill chunks).
+    max_seqs: sequences that may hold KV blocks (be running) at once.
+    max_model_len: longest sequence (prompt + generated); None = the model's
+        max_position_embeddings. Also capped by the pool size.
+    max_attention_scores: attention score elements (query rows x heads x keys) one prefill
+        chunk may materialise; long prompts are chunked finer as they grow, so memory stays
+        bounded at any context length (decode rows are never split).
+    prefix_caching: reuse full blocks whose content (and whole prefix) matches.
+    seed: seeds the per-request sampling seeds of requests that give none.
+    """
+
+    kv_blocks: int = 2048
+    block_size: int = 16
+    max_batch_tokens: int = 2048
+    max_seqs: int = 256
+    max_model_len: int | None = None
+    max_attention_scores: int = 2**26
+    prefix_caching: bool = True
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("kv_blocks", "block_size", "max_batch_tokens", "max_seqs", "max_attention_scores"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"EngineConfig.{name} must be a positive int, got {getattr(self, name)!r}")
+        if KV_TILE % self.block_size:
+            raise ValueError(f"EngineConfig.block_size must divide {KV_TILE}, got {self.block_size}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"EngineConfig.max_model_len must be >= 2, got {self.max_model_len}")

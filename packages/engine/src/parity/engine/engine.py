@@ -1,0 +1,252 @@
+"""The engine: requests in, token ids + recorded logprobs + policy versions out.
+
+One `step()` = schedule, one `Decoder.forward` over every scheduled row (decode rows and
+prefill chunks together, KV in the paged pool), sample the rows that reached the end of
+their tokens. The logprob recorded for a token is read straight off
+`model.logprobs(hidden, temperature)`, the learner's own function, so in aligned kernel
+mode it is bit-identical to `token_logprobs` for the same weights and tokens.
+
+Weight updates: `update_weights` swaps all weights between steps, bumps the version,
+clears the prefix cache and sends every in-flight sequence back to recompute its K/V under
+the new weights (preemption by recompute). Their earlier tokens keep the versions that
+produced them; every later token is computed entirely by the new weights, so its recorded
+logprob equals the learner's under those weights, bit for bit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+import threading
+from collections.abc import Mapping
+from collections.abc import Sequence as Seq
+
+import torch
+
+from parity.core.types import Completion, SamplingParams
+from parity.engine.block_manager import BlockManager
+from parity.engine.config import EngineConfig
+from parity.engine.kv_cache import KVPool, PagedKV
+from parity.engine.sampler import sample, uniforms
+from parity.engine.scheduler import Batch, Scheduler
+from parity.engine.sequence import Sequence, Status
+from parity.engine.stopping import Detokenizer, finish_reason
+from parity.engine.weights import apply_update, check_update
+from parity.model import ROW_MULTIPLE, Decoder, SeqLayout
+
+
+class EngineInputError(ValueError):
+    """A request the engine refuses (bad prompt or sampling parameters); nothing was queued."""
+
+
+class Engine:
+    def __init__(self, model: Decoder, config: EngineConfig | None = None, tokenizer: Detokenizer | None = None) -> None:
+        self.model = model.eval()
+        self.config = config or EngineConfig()
+        self.tokenizer = tokenizer
+        self.version = 0
+        cfg = model.config
+        self.vocab_size = cfg.vocab_size
+        limit = self.config.max_model_len or cfg.max_position_embeddings
+        self.max_len = min(limit, self.config.kv_blocks * self.config.block_size)
+        dtype = next(model.parameters()).dtype
+        self.pool = KVPool(cfg, self.config.kv_blocks, self.config.block_size, dtype)
+        self.blocks = BlockManager(self.config.kv_blocks, self.config.block_size)
+        self.scheduler = Scheduler(self.config, self.blocks, cfg.num_attention_heads)
+        self._ids = itertools.count()
+        self._rng = random.Random(self.config.seed)
+        self._lock = threading.RLock()
+        self._futures: dict[int, asyncio.Future[Completion]] = {}
+        self._loop_task: asyncio.Task[None] | None = None
+        self.num_steps = 0
+        self.peak_attention_scores = 0  # largest score matrix of one step (elements, all heads)
+
+    @property
+    def num_cached_tokens(self) -> int:
+        """Prompt tokens whose K/V came from the prefix cache instead of a forward."""
+        return self.scheduler.num_cached_tokens
+
+    # ------------------------------------------------------------------ requests
+
+    def make_sequence(self, prompt: Seq[int], sampling: SamplingParams) -> Sequence:
+        """Validate one request; raises EngineInputError naming the bad field."""
+        if not isinstance(sampling, SamplingParams):
+            raise EngineInputError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
+        tokens = list(prompt)
+        if not tokens:
+            raise EngineInputError("prompt is empty: at least one token id is needed")
+        for i, t in enumerate(tokens):
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size:
+                raise EngineInputError(
+                    f"prompt[{i}] = {t!r} is not a token id in [0, {self.vocab_size})"
+                )
+        if len(tokens) >= self.max_len:
+            raise EngineInputError(
+                f"prompt has {len(tokens)} tokens; the context holds {self.max_len}, "
+                f"so a prompt may have at most {self.max_len - 1}"
+            )
+        bad = [t for t in sampling.stop_token_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise EngineInputError(f"stop_token_ids {bad} are not token ids in [0, {self.vocab_size})")
+        self._check_stop_strings(sampling.stop_strings)
+        seed = sampling.seed if sampling.seed is not None else self._rng.getrandbits(63)
+        return Sequence(next(self._ids), tokens, sampling, seed % 2**64, self.max_len)
+
+    def _check_stop_strings(self, stops: tuple[str, ...]) -> None:
+        if not stops:
+            return
+        if self.tokenizer is None:
+            raise EngineInputError("stop_strings need an engine built with a tokenizer")
+        encode = getattr(self.tokenizer, "encode", None)
+        for s in stops:
+            if encode is not None and self.tokenizer.decode(encode(s)) != s:
+                raise EngineInputError(f"stop string {s!r} cannot be produced by this tokenizer")
+
+    def add(self, seq: Sequence) -> None:
+        with self._lock:
+            self.scheduler.add(seq)
+
+    def abort(self, seq: Sequence) -> None:
+        with self._lock:
+            if seq.status is not Status.FINISHED:
+                self.scheduler.finish(seq, "abort")
+
+    # ------------------------------------------------------------------ sync API
+
+    def generate(
+        self, prompts: Seq[Seq[int]], sampling: SamplingParams | Seq[SamplingParams] | None = None
+    ) -> list[Completion]:
+        """Run the prompts to completion, batched together; one Completion per prompt."""
+        sampling = sampling or SamplingParams()
+        params = [sampling] * len(prompts) if isinstance(sampling, SamplingParams) else list(sampling)
+        if len(params) != len(prompts):
+            raise EngineInputError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
+        seqs = []
+        for i, (p, sp) in enumerate(zip(prompts, params, strict=True)):
+            try:
+                seqs.append(self.make_sequence(p, sp))
+            except EngineInputError as e:
+                raise EngineInputError(f"request {i}: {e}") from None
+        for seq in seqs:
+            self.add(seq)
+        try:
+            while any(s.status is not Status.FINISHED for s in seqs):
+                self.step()
+        except BaseException:
+            for s in seqs:
+                self.abort(s)
+            raise
+        return [s.completion() for s in seqs]
+
+    # ------------------------------------------------------------------ asyncio API
+
+    async def agenerate(self, prompt_ids: Seq[int], sampling: SamplingParams | None = None) -> Completion:
+        """One request; concurrent calls on the same event loop are batched together."""
+        seq = self.make_sequence(prompt_ids, sampling or SamplingParams())
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Completion] = loop.create_future()
+        self._futures[seq.seq_id] = fut
+        self.add(seq)
+        task = self._loop_task
+        if task is None or task.done() or task.get_loop() is not loop:
+            self._loop_task = loop.create_task(self._run())
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            self.abort(seq)
+            raise
+        finally:
+            self._futures.pop(seq.seq_id, None)
+
+    async def _run(self) -> None:
+        while self.scheduler.has_work():
+            try:
+                self.step()
+            except Exception as e:  # a bug must fail the requests, not hang or kill the loop
+                self._fail_all(e)
+                return
+            await asyncio.sleep(0)
+
+    def _fail_all(self, error: Exception) -> None:
+        with self._lock:
+            for seq in [*self.scheduler.running, *self.scheduler.waiting]:
+                self.scheduler.finish(seq, "abort")
+                fut = self._futures.get(seq.seq_id)
+                if fut is not None and not fut.done():
+                    fut.set_exception(error)
+
+    # ------------------------------------------------------------------ weights
+
+    def update_weights(self, state: Mapping[str, torch.Tensor], version: int) -> None:
+        """Install new weights between steps; a bad update raises and changes nothing."""
+        with self._lock:
+            check_update(self.model, state, version)
+            apply_update(self.model, state)
+            self.version = version
+            self.blocks.clear_cache()
+            self.scheduler.preempt_all()
+
+    # ------------------------------------------------------------------ the step
+
+    def step(self) -> list[Sequence]:
+        """One forward call over the scheduled rows; returns the sequences that finished."""
+        with self._lock:
+            batch = self.scheduler.schedule()
+            if not batch.seqs:
+                return []
+            self.num_steps += 1
+            hidden, layout = self._forward(batch)
+            rows, ready = [], []
+            for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_new, strict=True)):
+                self.scheduler.computed(seq, n)
+                if seq.num_computed == len(seq.tokens):
+                    rows.append(layout.starts[i] + n - 1)
+                    ready.append(seq)
+            if not ready:
+                return []
+            return self._sample(hidden[rows], ready)
+
+    def _forward(self, batch: Batch) -> tuple[torch.Tensor, SeqLayout]:
+        flat: list[int] = []
+        for seq, n in zip(batch.seqs, batch.num_new, strict=True):
+            flat += seq.tokens[seq.num_computed : seq.num_computed + n]
+        layout = SeqLayout.from_lengths(batch.num_new, [s.num_computed for s in batch.seqs])
+        heads = self.model.config.num_attention_heads
+        scores = sum(-(-n // ROW_MULTIPLE) * ROW_MULTIPLE * heads * layout.max_kv_len for n in batch.num_new)
+        self.peak_attention_scores = max(self.peak_attention_scores, scores)
+        kv = PagedKV.build(self.pool, [s.block_table for s in batch.seqs], layout)
+        with torch.no_grad():
+            return self.model(torch.tensor(flat), layout, kv), layout
+
+    def _sample(self, hidden: torch.Tensor, seqs: list[Sequence]) -> list[Sequence]:
+        temps = [s.params.temperature or 1.0 for s in seqs]  # greedy records T=1
+        with torch.no_grad():
+            if len(set(temps)) == 1:
+                lp = self.model.logprobs(hidden, temps[0])
+            else:
+                lp = torch.empty(len(seqs), self.vocab_size)
+                for t in set(temps):
+                    idx = [j for j, x in enumerate(temps) if x == t]
+                    lp[idx] = self.model.logprobs(hidden[idx], t)
+            tokens = sample(
+                lp,
+                torch.tensor([s.params.temperature == 0 for s in seqs]),
+                torch.tensor([s.params.top_k for s in seqs]),
+                torch.tensor([s.params.top_p for s in seqs], dtype=torch.float64),
+                uniforms([s.seed for s in seqs], [len(s.tokens) for s in seqs]),
+            )
+            chosen = lp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+        finished = []
+        for seq, t, logp in zip(seqs, tokens.tolist(), chosen.tolist(), strict=True):
+            seq.tokens.append(t)
+            seq.logprobs.append(logp)
+            seq.versions.append(self.version)
+            reason = finish_reason(seq, self.tokenizer)
+            if reason is not None:
+                self.scheduler.finish(seq, reason)
+                finished.append(seq)
+                fut = self._futures.get(seq.seq_id)
+                if fut is not None and not fut.done():
+                    fut.set_result(seq.completion())
+        return finished

@@ -1,0 +1,64 @@
+"""Choosing the next token, vectorised over a step's sampling rows.
+
+What is recorded: the sampled token's log-probability under log_softmax(logits / T), the
+exact value the learner recomputes with `token_logprobs(model, tokens, temperature=T)`.
+top-k and top-p only restrict which tokens can be drawn (the draw is renormalised over the
+kept set); the recorded value is not renormalised, so learner and engine agree bit for bit
+and an importance weight needs nothing from the sampler's truncation. Temperature 0 is
+greedy (argmax) and records the temperature-1 log-probability.
+
+Randomness is counter-based: the uniform for a row is a hash of (request seed, position),
+so a request with a seed draws the same tokens whatever else is in the batch, however it
+was chunked or preempted.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def uniforms(seeds: list[int], positions: list[int]) -> torch.Tensor:
+    """One float64 in [0, 1) per (seed, position): splitmix64 of the pair."""
+    with np.errstate(over="ignore"):
+        x = np.array(seeds, dtype=np.uint64) * _GOLDEN + np.array(positions, dtype=np.uint64)
+        for shift, mul in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB)):
+            x = (x ^ (x >> np.uint64(shift))) * np.uint64(mul)
+        x ^= x >> np.uint64(31)
+    return torch.from_numpy((x >> np.uint64(11)).astype(np.float64) * 2.0**-53)
+
+
+def _draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF draw per row of unnormalised probabilities [B, V] (fp64 running sums)."""
+    cdf = probs.cumsum(-1, dtype=torch.float64)
+    idx = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1), right=True)
+    return idx.squeeze(-1).clamp_(max=probs.shape[-1] - 1)
+
+
+def sample(
+    lp: torch.Tensor, greedy: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, u: torch.Tensor
+) -> torch.Tensor:
+    """Token ids [B] from log-probabilities `lp` [B, V] (fp32, temperature applied).
+
+    greedy [B] bool; top_k [B] long (0 = off); top_p [B] float64 (1 = off); u [B] uniforms.
+    """
+    out = lp.argmax(-1)
+    drawn = ~greedy
+    if not bool(drawn.any()):
+        return out
+    restricted = drawn & ((top_k > 0) | (top_p < 1))
+    plain = drawn & ~restricted
+    if bool(plain.any()):
+        out[plain] = _draw(lp[plain].exp(), u[plain])
+    if bool(restricted.any()):
+        p_sorted, order = lp[restricted].exp().sort(-1, descending=True)
+        k, p = top_k[restricted].unsqueeze(-1), top_p[restricted].unsqueeze(-1)
+        rank = torch.arange(p_sorted.shape[-1]).unsqueeze(0)
+        mass_before = p_sorted.cumsum(-1, dtype=torch.float64) - p_sorted
+        keep = ((k == 0) | (rank < k)) & ((p >= 1) | (mass_before < p))
+        keep[:, 0] = True
+        j = _draw(p_sorted * keep, u[restricted])
+        out[restricted] = order.gather(-1, j.unsqueeze(-1)).squeeze(-1)
+    return out
