@@ -38,6 +38,7 @@ import torch.nn.functional as F
 KernelMode = Literal["aligned", "standard"]
 KERNEL_MODES: tuple[KernelMode, ...] = ("aligned", "standard")
 ROW_MULTIPLE = 16
+ATTENTION_ROW_MULTIPLE = 8
 KV_TILE = 64
 # Column blocks of aligned GEMMs: fixed by the weight's shape only, never by thread count.
 _COLUMN_BLOCKS = 2
@@ -62,7 +63,8 @@ def _column_blocks(n: int) -> list[tuple[int, int]]:
 
 def _single_thread_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     torch.set_num_threads(1)  # this pool thread's own OpenMP/MKL setting
-    return F.linear(x, w)
+    with torch.no_grad():  # grad mode is per thread; gradients come from _AlignedLinear
+        return F.linear(x, w)
 
 
 def aligned_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -104,7 +106,11 @@ class _AlignedLinear(torch.autograd.Function):
 
 def _linear_aligned(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
     shape = x.shape
-    out = _AlignedLinear.apply(x.reshape(-1, shape[-1]), w)
+    flat = x.reshape(-1, shape[-1])
+    if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad):
+        out = _AlignedLinear.apply(flat, w)
+    else:
+        out = aligned_matmul(flat, w)
     if b is not None:
         out = out + b
     return out.reshape(*shape[:-1], w.shape[0])
@@ -178,12 +184,25 @@ class SeqLayout:
     def max_kv_len(self) -> int:
         return _round_up(max(self.kv_lens), KV_TILE)
 
+    def groups(self, g_heads: int) -> list[_Group]:
+        """Sequences bucketed by padded row count, so a decode step does not pad to a prefill.
+
+        Each sequence's rows are padded so that the query matrix of one KV head (g_heads
+        query heads × rows) has a multiple of ATTENTION_ROW_MULTIPLE rows.
+        """
+        if g_heads not in self._groups:
+            self._groups[g_heads] = self._make_groups(g_heads)
+        return self._groups[g_heads]
+
     @cached_property
-    def groups(self) -> list[_Group]:
-        """Sequences bucketed by padded row count, so a decode step does not pad to a prefill."""
+    def _groups(self) -> dict[int, list[_Group]]:
+        return {}
+
+    def _make_groups(self, g_heads: int) -> list[_Group]:
+        step = ATTENTION_ROW_MULTIPLE // math.gcd(g_heads, ATTENTION_ROW_MULTIPLE)
         buckets: dict[int, list[int]] = {}
         for s, n in enumerate(self.lengths):
-            buckets.setdefault(_round_up(n, ROW_MULTIPLE), []).append(s)
+            buckets.setdefault(_round_up(n, step), []).append(s)
         out = []
         for rpad, seqs in sorted(buckets.items()):
             rows = torch.zeros(len(seqs), rpad, dtype=torch.long)
@@ -267,7 +286,7 @@ def _attention_aligned_fwd(
     out = q.new_empty(q.shape)
     g_heads = q.shape[1] // k.shape[1]
     probs = []
-    for grp in layout.groups:
+    for grp in layout.groups(g_heads):
         qg, kg, vg = _gather_group(q, k, v, grp)
         s = torch.matmul(qg, kg.transpose(-1, -2)) * scale  # [g, Hkv, GR, L]
         s = s.masked_fill(~grp.mask(g_heads), float("-inf"))
@@ -289,7 +308,7 @@ def _attention_standard(
     hkv = k.shape[1]
     g_heads = q.shape[1] // hkv
     outs, rows = [], []
-    for grp in layout.groups:
+    for grp in layout.groups(g_heads):
         qg, kg, vg = _gather_group(q, k, v, grp)
         n_seq, _, gr, d = qg.shape
         r = gr // g_heads
@@ -322,7 +341,7 @@ class _AlignedAttention(torch.autograd.Function):
         q, k, v, out, *probs = ctx.saved_tensors
         gq, gk, gv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         g_heads = q.shape[1] // k.shape[1]
-        for grp, p in zip(ctx.layout.groups, probs, strict=True):
+        for grp, p in zip(ctx.layout.groups(g_heads), probs, strict=True):
             qg, kg, vg = _gather_group(q, k, v, grp)
             # padding rows repeat a real row: their gradient must not count twice
             dout = _gather_group(grad, k, v, grp)[0] * _real_rows(grp, g_heads)
