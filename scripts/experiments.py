@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RUNS = ROOT / "runs" / "experiments"
 IMG = ROOT / "docs" / "img"
 
-COMMON = ["output.progress=false"]
+COMMON = ["output.progress=false", "eval.heldout_episodes=0"]
 GROUPS: dict[str, dict[str, list[str]]] = {
     "kernels": {
         "aligned": ["model.kernels=\"aligned\""],

@@ -22,7 +22,8 @@ def bench_async(config: Path, steps: int, out: Path, overrides: list[str]) -> di
     runs = []
     for name, mode in MODES:
         cfg = load_train_config(config, [*overrides, *mode, f"train.steps={steps}",
-                                         "output.progress=false", "output.tensorboard=false"])
+                                         "output.progress=false", "output.tensorboard=false",
+                                         "eval.heldout_episodes=0"])
         summary = run_training(cfg, out / name)
         recs = read_metrics(out / name)
         tail = recs[-max(1, len(recs) // 4):]

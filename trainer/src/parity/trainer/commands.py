@@ -32,9 +32,35 @@ def train(
     except (ConfigError, FileNotFoundError) as e:
         typer.echo(f"parity train: {e}", err=True)
         raise typer.Exit(2) from None
-    typer.echo(f"run: {run_dir}")
-    typer.echo(json.dumps({k: summary[k] for k in ("steps", "wall_s", "reward/first",
-                                                    "reward/last") if k in summary}))
+    _print_summary(summary, run_dir)
+
+
+def _print_summary(s: dict, run_dir: Path) -> None:
+    """The end-of-run report: held-out success, parity, where the time went, the outputs."""
+    from rich.console import Console
+    from rich.table import Table
+
+    def pct(v: float | None) -> str:
+        return "—" if v is None else f"{100 * v:.1f}%"
+
+    t = Table(title=f"parity train: {s.get('updates', 0)} updates in {s.get('wall_s', 0):.0f} s",
+              show_header=False)
+    t.add_row("held-out success", f"{pct(s.get('heldout_success_before'))} → "
+              f"{pct(s.get('heldout_success_after'))}")
+    t.add_row("reward (first → last update)", f"{s.get('reward/first', 0):.3f} → "
+              f"{s.get('reward/last', 0):.3f}")
+    t.add_row("is/d3_mismatch (max)", f"{s.get('is/d3_mismatch_max', 0):.3g}")
+    t.add_row("is/d3_lag (mean)", f"{s.get('is/d3_lag/mean', 0):.3g}")
+    t.add_row("lag (mean / max)", f"{s.get('lag/mean/mean', 0):.2f} / {s.get('lag/max/max', 0):.0f}")
+    busy = {k: s.get(f"timing/{k}_s/total", 0.0) for k in ("gen", "env", "learner", "sync",
+                                                           "learner_wait")}
+    t.add_row("actor-seconds", "  ".join(f"{k} {v:.0f}" for k, v in busy.items()))
+    t.add_row("dropped / restarts / skipped", f"{s.get('dropped', 0)} / "
+              f"{s.get('worker_restarts', 0)} / {s.get('skipped_nonfinite', 0)}")
+    t.add_row("outputs", f"{run_dir}/ (summary.json, metrics.jsonl, trace.json, plots/, "
+              "checkpoints/, tb/)")
+    Console().print(t)
+    Console().print(f"profile it: uv run parity profile {run_dir}")
 
 
 def eval_checkpoint(

@@ -34,8 +34,8 @@ class RolloutSection(StrictModel):
     num_cpus_per_worker: float = Field(1.0, gt=0)
     num_gpus_per_worker: float = Field(0.0, ge=0)
     placement: Literal["pack", "spread"] = Field("pack", description="Ray placement strategy")
-    group_size: int = Field(4, ge=1, description="G: responses per prompt")
-    groups_per_step: int = Field(2, ge=1, description="groups the learner consumes per update")
+    group_size: int = Field(8, ge=1, description="G: responses per prompt")
+    groups_per_step: int = Field(4, ge=1, description="groups the learner consumes per update")
     max_groups_in_flight: int = Field(4, ge=1, description="concurrent groups per worker")
     temperature: float = Field(1.0, gt=0, description="sampling temperature; the learner "
                                                       "computes π_θ at the same temperature")
@@ -69,7 +69,7 @@ class LossSection(StrictModel):
 
 
 class OptimSection(StrictModel):
-    lr: float = Field(1e-5, gt=0)
+    lr: float = Field(2e-4, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = Field(1e-8, gt=0)
@@ -85,7 +85,7 @@ class OptimSection(StrictModel):
 
 
 class TrainSection(StrictModel):
-    steps: int = Field(10, ge=1, description="learner updates")
+    steps: int = Field(40, ge=1, description="learner updates")
     mode: Literal["async", "sync"] = Field("async", description="sync = max_lag 0")
     max_lag: int = Field(2, ge=0, description="max policy versions between sampling and use")
     seed: int = 0
@@ -94,6 +94,11 @@ class TrainSection(StrictModel):
     track_mismatch: bool = Field(True, description="recompute logprobs under the rollout's "
                                  "version to split D3 into mismatch and lag")
     ray_address: str = Field("", description="empty: start a local Ray; else a cluster address")
+
+
+class EvalSection(StrictModel):
+    heldout_episodes: int = Field(64, ge=0, description="held-out episodes run before and "
+                                  "after training (0: skip)")
 
 
 class OutputSection(StrictModel):
@@ -109,6 +114,7 @@ class TrainConfig(StrictModel):
     loss: LossSection = Field(default_factory=LossSection)
     optim: OptimSection = Field(default_factory=OptimSection)
     train: TrainSection = Field(default_factory=TrainSection)
+    eval: EvalSection = Field(default_factory=EvalSection)
     output: OutputSection = Field(default_factory=OutputSection)
 
     @property

@@ -1,4 +1,7 @@
-"""`parity eval`: a checkpoint's mean reward and pass rate on held-out task seeds."""
+"""Held-out success: a model's mean reward and pass rate on task seeds never trained on.
+
+Used by `parity eval` and by `parity train`, which measures the model before and after.
+"""
 
 from __future__ import annotations
 
@@ -11,17 +14,22 @@ from parity.trainer.config import TrainConfig, load_train_config
 HELD_OUT_SEED = 1_000_000  # task seeds from here on are never used for training
 
 
-def evaluate(checkpoint: Path, env_id: str | None = None, n: int = 64) -> dict[str, Any]:
-    """Run `n` episodes (one per held-out task) with the checkpoint's model."""
-    from parity.trainer.backends import engine_backend, env_episodes
-
+def model_dir_of(checkpoint: Path) -> Path:
+    """A model directory, a checkpoint (…/step_N with model/), or a run's checkpoints/latest."""
+    if checkpoint.is_file() and checkpoint.name == "latest":
+        checkpoint = checkpoint.parent / checkpoint.read_text().strip()
     model_dir = checkpoint / "model" if (checkpoint / "model").is_dir() else checkpoint
     if not (model_dir / "config.json").is_file():
         raise FileNotFoundError(f"{checkpoint}: neither a checkpoint nor a model directory")
-    cfg = _run_config(checkpoint)
+    return model_dir
+
+
+def heldout(cfg: TrainConfig, model_dir: Path | str, n: int) -> dict[str, float]:
+    """Run `n` episodes, one per held-out task, with the model in `model_dir`."""
+    from parity.trainer.backends import engine_backend, env_episodes
+
+    cfg = cfg.model_copy(deep=True)
     cfg.model.path = str(model_dir)
-    if env_id:
-        cfg.env.id = env_id
     backend = engine_backend(cfg)
     episode = env_episodes(cfg)
 
@@ -31,13 +39,22 @@ def evaluate(checkpoint: Path, env_id: str | None = None, n: int = 64) -> dict[s
 
     trajs = asyncio.run(run_all())
     return {
-        "checkpoint": str(checkpoint), "env": cfg.env.id, "n": n,
         "reward_mean": sum(t.reward for t in trajs) / n,
         "pass_rate": sum(bool(t.info.get("passed", t.reward > 0)) for t in trajs) / n,
     }
 
 
-def _run_config(checkpoint: Path) -> TrainConfig:
-    """The config of the run the checkpoint belongs to (run/checkpoints/step_N), else defaults."""
-    saved = checkpoint.parent.parent / "config.toml"
+def evaluate(checkpoint: Path, env_id: str | None = None, n: int = 64) -> dict[str, Any]:
+    """`parity eval`: held-out results of a checkpoint under its run's env config."""
+    model_dir = model_dir_of(checkpoint)
+    cfg = _run_config(model_dir)
+    if env_id:
+        cfg.env.id = env_id
+    return {"checkpoint": str(checkpoint), "env": cfg.env.id, "n": n, **heldout(cfg, model_dir, n)}
+
+
+def _run_config(model_dir: Path) -> TrainConfig:
+    """The config of the run a checkpoint's model belongs to (run/checkpoints/step_N/model),
+    else the defaults."""
+    saved = model_dir.parent.parent.parent / "config.toml"
     return load_train_config(saved if saved.is_file() else None)

@@ -107,6 +107,7 @@ def summarize(recs: list[dict[str, Any]]) -> dict[str, Any]:
     last = recs[-1]
     out: dict[str, Any] = {
         "steps": len(recs),
+        "updates": len(recs),
         "last_step": last["step"],
         "wall_s": wall,
         "updates_per_hour": 3600.0 * len(recs) / wall if wall > 0 else 0.0,
@@ -120,6 +121,7 @@ def summarize(recs: list[dict[str, Any]]) -> dict[str, Any]:
         if vals:
             out[f"{k}/mean"] = sum(vals) / len(vals)
             out[f"{k}/max"] = max(vals)
+    out["is/d3_mismatch_max"] = out.get("is/d3_mismatch/max", 0.0)
     for k in TIMING_KEYS:
         out[f"{k}/total"] = sum(r.get(k, 0.0) for r in recs)
     for k in ("dropped", "skipped_nonfinite", "worker_restarts"):

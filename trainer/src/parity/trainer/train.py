@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -9,6 +10,7 @@ from typing import Any
 
 from parity.trainer.checkpoint import latest_checkpoint, load_checkpoint
 from parity.trainer.config import TrainConfig, load_train_config
+from parity.trainer.evaluate import heldout, model_dir_of
 from parity.trainer.orchestrator import ModelIO, Orchestrator
 from parity.trainer.rollout import BackendFactory, EpisodeFactory
 from parity.trainer.rundir import RunDir
@@ -61,14 +63,36 @@ def run_training(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
         model_dir=model_dir, resume=ckpt,
     )
     t0 = time.time()
+    before = _heldout_before(cfg, run, model_dir)
     if progress:
         with _Progress(cfg, orch.step) as bar:
             orch.on_step = bar.update
             counters = orch.run()
     else:
         counters = orch.run()
-    return run.finish({"run_wall_s": time.time() - t0, "mode": cfg.train.mode,
-                       "max_lag": cfg.max_lag, **counters}, plots=cfg.output.plots)
+    train_s = time.time() - t0
+    after = _heldout(cfg, model_dir_of(run.checkpoints / "latest"))
+    # wall_s: the whole run a user waits for, held-out evaluations included
+    return run.finish({"wall_s": time.time() - t0,
+                       "train_wall_s": train_s,
+                       "mode": cfg.train.mode, "max_lag": cfg.max_lag,
+                       "heldout_success_before": before, "heldout_success_after": after,
+                       **counters}, plots=cfg.output.plots)
+
+
+def _heldout(cfg: TrainConfig, model_dir: Path | str) -> float | None:
+    n = cfg.eval.heldout_episodes
+    return heldout(cfg, model_dir, n)["pass_rate"] if n else None
+
+
+def _heldout_before(cfg: TrainConfig, run: RunDir, model_dir: str) -> float | None:
+    """The starting model's held-out success, measured once per run (kept across resumes)."""
+    path = run.root / "heldout_before.json"
+    if path.is_file():
+        return json.loads(path.read_text())["pass_rate"]
+    value = _heldout(cfg, model_dir)
+    path.write_text(json.dumps({"pass_rate": value}) + "\n")
+    return value
 
 
 def load_for_cli(config: Path | None, overrides: list[str], out: Path | None,

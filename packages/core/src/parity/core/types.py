@@ -15,8 +15,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 class SamplingParams(BaseModel):
     """How the engine samples one request. Invalid values are refused at construction.
 
-    The recorded logprob of a sampled token is the log-probability under the distribution
-    actually sampled from: logits / temperature, then top-k, then top-p (renormalised).
+    The recorded logprob of a sampled token is log_softmax(logits / temperature) of that
+    token: what the learner recomputes at the same temperature. top-k and top-p only
+    restrict which tokens can be drawn (keep them off for exact importance weights);
+    temperature 0 samples greedily and records the temperature-1 logprob.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
