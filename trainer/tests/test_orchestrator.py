@@ -39,6 +39,8 @@ def _cfg(tmp: Path, **sections) -> TrainConfig:
         "optim": {"lr": 0.05},
         "train": {"steps": 4, "max_lag": 2, "checkpoint_every": 2},
         "output": {"tensorboard": False, "plots": True, "progress": False},
+        # held-out episodes would run the fake env in this process (its crash marker too)
+        "eval": {"heldout_episodes": 0},
     }
     for k, v in sections.items():
         base.setdefault(k, {}).update(v)

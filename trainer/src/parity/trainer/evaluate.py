@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from parity.trainer.config import TrainConfig, load_train_config
+from parity.trainer.rollout import BackendFactory, EpisodeFactory
 
 HELD_OUT_SEED = 1_000_000  # task seeds from here on are never used for training
 
@@ -24,14 +25,17 @@ def model_dir_of(checkpoint: Path) -> Path:
     return model_dir
 
 
-def heldout(cfg: TrainConfig, model_dir: Path | str, n: int) -> dict[str, float]:
-    """Run `n` episodes, one per held-out task, with the model in `model_dir`."""
+def heldout(cfg: TrainConfig, model_dir: Path | str, n: int,
+            backend_factory: BackendFactory | None = None,
+            episode_factory: EpisodeFactory | None = None) -> dict[str, float]:
+    """Run `n` episodes, one per held-out task, with the model in `model_dir` (through the
+    same backend and episode factories training uses; parity's engine and env by default)."""
     from parity.trainer.backends import engine_backend, env_episodes
 
     cfg = cfg.model_copy(deep=True)
     cfg.model.path = str(model_dir)
-    backend = engine_backend(cfg)
-    episode = env_episodes(cfg)
+    backend = (backend_factory or engine_backend)(cfg)
+    episode = (episode_factory or env_episodes)(cfg)
 
     async def run_all() -> list[Any]:
         return await asyncio.gather(*(episode(backend.agenerate, HELD_OUT_SEED + i, i)

@@ -63,7 +63,8 @@ def run_training(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
         model_dir=model_dir, resume=ckpt,
     )
     t0 = time.time()
-    before = _heldout_before(cfg, run, model_dir)
+    factories = (backend_factory, episode_factory)
+    before = _heldout_before(cfg, run, model_dir, factories)
     if progress:
         with _Progress(cfg, orch.step) as bar:
             orch.on_step = bar.update
@@ -71,7 +72,7 @@ def run_training(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
     else:
         counters = orch.run()
     train_s = time.time() - t0
-    after = _heldout(cfg, model_dir_of(run.checkpoints / "latest"))
+    after = _heldout(cfg, model_dir_of(run.checkpoints / "latest"), factories)
     # wall_s: the whole run a user waits for, held-out evaluations included
     return run.finish({"wall_s": time.time() - t0,
                        "train_wall_s": train_s,
@@ -80,17 +81,18 @@ def run_training(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
                        **counters}, plots=cfg.output.plots)
 
 
-def _heldout(cfg: TrainConfig, model_dir: Path | str) -> float | None:
+def _heldout(cfg: TrainConfig, model_dir: Path | str, factories: tuple) -> float | None:
     n = cfg.eval.heldout_episodes
-    return heldout(cfg, model_dir, n)["pass_rate"] if n else None
+    return heldout(cfg, model_dir, n, *factories)["pass_rate"] if n else None
 
 
-def _heldout_before(cfg: TrainConfig, run: RunDir, model_dir: str) -> float | None:
+def _heldout_before(cfg: TrainConfig, run: RunDir, model_dir: str, factories: tuple
+                    ) -> float | None:
     """The starting model's held-out success, measured once per run (kept across resumes)."""
     path = run.root / "heldout_before.json"
     if path.is_file():
         return json.loads(path.read_text())["pass_rate"]
-    value = _heldout(cfg, model_dir)
+    value = _heldout(cfg, model_dir, factories)
     path.write_text(json.dumps({"pass_rate": value}) + "\n")
     return value
 
