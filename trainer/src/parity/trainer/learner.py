@@ -150,7 +150,7 @@ class Learner:
         if cfg.loss.vcpo_baseline:  # b* needs every ρ_i before the first backward
             with tl.span("logprobs θ_k (baseline)", "learner_fwd"), torch.no_grad():
                 for idx in mbs:
-                    logp_k[idx] = self._logprobs(self.model, b, idx)
+                    logp_k[idx] = self._logprobs(self.model, b, idx).double()
             log_rho = sequence_log_ratio(logp_k - b.mu, b.mask)
         else:
             log_rho = None
