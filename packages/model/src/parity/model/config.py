@@ -8,6 +8,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
+from parity.core.config import format_validation_error
+
 Family = Literal["qwen2", "qwen3", "llama"]
 ARCHITECTURES: dict[str, Family] = {
     "Qwen2ForCausalLM": "qwen2",
@@ -113,10 +115,7 @@ class ModelConfig(BaseModel):
         try:
             return cls.model_validate(data)
         except ValidationError as e:
-            fields = "; ".join(
-                f"{'.'.join(map(str, err['loc'])) or '(root)'}: {err['msg']}" for err in e.errors()
-            )
-            raise ModelConfigError(f"{source}: {fields}") from None
+            raise ModelConfigError(format_validation_error(e, source)) from None
 
     @classmethod
     def from_pretrained(cls, directory: str | Path) -> ModelConfig:
