@@ -5,7 +5,7 @@
 # (pass --force to rebuild).
 set -euo pipefail
 IMAGE="${PARITY_DESKTOP_IMAGE:-parity-desktop:latest}"
-MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+MIRROR="$(bash "$(dirname "$0")/debian_mirror.sh")"
 PACKAGES=python3,python3-tk,xvfb,xdotool,x11-utils,openbox,xterm,fonts-dejavu-core
 if [[ "${1:-}" != "--force" ]] && docker image inspect "$IMAGE" >/dev/null 2>&1; then
   echo "desktop image $IMAGE already present"

@@ -4,7 +4,7 @@
 # Users who can reach a registry may build sandboxes/docker/Dockerfile instead.
 set -euo pipefail
 IMAGE="${PARITY_SANDBOX_IMAGE:-parity-sandbox:bookworm}"
-MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+MIRROR="$(bash "$(dirname "$0")/debian_mirror.sh")"
 if [[ "${1:-}" != "--force" ]] && docker image inspect "$IMAGE" >/dev/null 2>&1; then
   echo "sandbox image $IMAGE already present"
   exit 0
