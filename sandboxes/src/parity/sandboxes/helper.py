@@ -270,11 +270,8 @@ def pump(proc, streams, stdin_data, deadline, cap, done_fd=None):
                 sel.unregister(key.fd)
                 open_reads -= 1
                 continue
-            room = cap - total
-            out[name] += chunk[:room]
-            total += min(len(chunk), room)
-            if len(chunk) > room:
-                truncated = True
+            total, truncated = keep(out, name, chunk, cap, total)
+            if truncated:
                 break
         if truncated:
             break
@@ -292,13 +289,18 @@ def finish_pump(streams, out, cap, total, timed_out, truncated, done):
                 break
             if not chunk:
                 break
-            room = cap - total
-            out[name] += chunk[:room]
-            total += min(len(chunk), room)
-            if len(chunk) > room:
+            total, cut = keep(out, name, chunk, cap, total)
+            if cut:
                 truncated = True
                 break
     return out, timed_out, truncated, done
+
+
+def keep(out, name, chunk, cap, total):
+    """Append what fits of `chunk` under the output cap; (new total, whether it was cut)."""
+    room = cap - total
+    out[name] += chunk[:room]
+    return total + min(len(chunk), room), len(chunk) > room
 
 
 def result(exit_code, out, timed_out, truncated, oom, start, error=None):
