@@ -5,28 +5,25 @@ from __future__ import annotations
 import torch
 
 from parity.model import Decoder, ModelConfig
+from parity.model.shapes import SHAPES as MODEL_SHAPES
 
-SHAPES: dict[str, dict[str, int]] = {
-    # the embedded model's shape
-    "tiny": dict(vocab_size=100, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
-                 num_attention_heads=4, num_key_value_heads=2),
-    # Qwen2.5-0.5B's shape
-    "qwen2-0.5b": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864,
-                       num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2),
+SHAPES: dict[str, ModelConfig] = {
+    **MODEL_SHAPES,  # "tiny" (the embedded model's shape) and "qwen2-0.5b"
     # small enough for the test suite, wide enough (K = 896) for standard GEMMs to differ by row count
-    "test": dict(vocab_size=101, hidden_size=64, intermediate_size=896, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=2),
+    "test": ModelConfig(model_type="qwen2", vocab_size=101, hidden_size=64,
+                        intermediate_size=896, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2, rms_norm_eps=1e-6, rope_theta=1e6),
 }
 
 
 def random_model(shape: str = "tiny", kernels: str = "aligned", seed: int = 0,
                  max_position_embeddings: int = 131072, **overrides: int) -> Decoder:
-    """A Qwen2 decoder of a named shape (fields replaced by `overrides`), seeded random fp32 weights."""
+    """A decoder of a named shape (fields replaced by `overrides`), seeded random fp32 weights."""
     if shape not in SHAPES:
         raise ValueError(f"unknown model shape {shape!r} (known: {', '.join(SHAPES)})")
-    cfg = ModelConfig(model_type="qwen2", rms_norm_eps=1e-6, rope_theta=1e6,
-                      max_position_embeddings=max_position_embeddings,
-                      **{**SHAPES[shape], **overrides})
+    cfg = SHAPES[shape].model_copy(
+        update={"max_position_embeddings": max_position_embeddings, **overrides}
+    )
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = Decoder(cfg, kernels)
