@@ -17,10 +17,10 @@ from typing import Any
 from parity.sandboxes.backends import open_sandbox
 from parity.sandboxes.limits import Limits
 from parity.sandboxes.result import SandboxError
-from parity.sandboxes.sandbox import Sandbox, in_thread
+from parity.sandboxes.sandbox import Closing, Sandbox, in_thread
 
 
-class SandboxPool:
+class SandboxPool(Closing):
     """Lend sandboxes of one backend, at most `size` at a time.
 
     size: most sandboxes leased at once (and kept warm).
@@ -160,18 +160,3 @@ class SandboxPool:
             idle, self._idle = list(self._idle), deque()
         for sb in idle:
             sb.close()
-
-    async def aclose(self) -> None:
-        await in_thread(self.close)
-
-    def __enter__(self) -> SandboxPool:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    async def __aenter__(self) -> SandboxPool:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()

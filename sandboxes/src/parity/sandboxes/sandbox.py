@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from importlib import resources
-from typing import Any
+from typing import Any, Self
 
 from parity.sandboxes.limits import Limits
 from parity.sandboxes.protocol import Transport, encode, read_frame
@@ -40,6 +40,29 @@ def _executor() -> ThreadPoolExecutor:
 
 async def in_thread(fn: Callable[..., Any], *args: Any) -> Any:
     return await asyncio.get_running_loop().run_in_executor(_executor(), fn, *args)
+
+
+class Closing:
+    """`close()` (idempotent) plus the context-manager and asyncio forms every holder of
+    sandboxes offers: `with`, `async with`, `await aclose()`."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    async def aclose(self) -> None:
+        await in_thread(self.close)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
 
 def helper_argv(python: str, limits: dict[str, Any]) -> list[str]:
@@ -75,7 +98,7 @@ def _decode(b64: str) -> str:
     return base64.b64decode(b64).decode("utf-8", errors="replace")
 
 
-class Sandbox(ABC):
+class Sandbox(Closing, ABC):
     """An isolated place to run commands, Python snippets and Python sessions.
 
     Calls on one sandbox are serialised (a lock); use a SandboxPool for concurrency.
@@ -240,21 +263,6 @@ class Sandbox(ABC):
             self._destroy()
             if self._transport is not None:
                 self._transport.close()
-
-    async def aclose(self) -> None:
-        await in_thread(self.close)
-
-    def __enter__(self) -> Sandbox:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    async def __aenter__(self) -> Sandbox:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
     def __del__(self) -> None:
         # A forgotten sandbox must not leave processes behind.
