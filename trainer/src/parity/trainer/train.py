@@ -65,13 +65,14 @@ def run_training(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
     t0 = time.time()
     factories = (backend_factory, episode_factory)
     before = _heldout_before(cfg, run, model_dir, factories)
+    t_train = time.time()
     if progress:
         with _Progress(cfg, orch.step) as bar:
             orch.on_step = bar.update
             counters = orch.run()
     else:
         counters = orch.run()
-    train_s = time.time() - t0
+    train_s = time.time() - t_train  # the updates alone, without held-out evaluation
     after = _heldout(cfg, model_dir_of(run.checkpoints / "latest"), factories)
     # wall_s: the whole run a user waits for, held-out evaluations included
     return run.finish({"wall_s": time.time() - t0,

@@ -172,12 +172,9 @@ class SeqLayout:
     def num_rows(self) -> int:
         return int(self.positions.shape[0])
 
-    @property
-    def seq_of_row(self) -> torch.Tensor:
-        return self._seq_of_row
-
     @cached_property
-    def _seq_of_row(self) -> torch.Tensor:
+    def seq_of_row(self) -> torch.Tensor:
+        """[N] the sequence index of each row."""
         return torch.repeat_interleave(torch.arange(len(self.lengths)), torch.tensor(self.lengths))
 
     @cached_property
