@@ -87,6 +87,10 @@ class Session:
 
     def dead(self) -> str | None:
         """Why the desktop is unusable (X server or window manager exited), or None if it is fine."""
+        if self.wm is not None and self.xvfb is not None and self.wm.poll() is not None:
+            # a window manager dies *because* its X server did: give X's exit time to register
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.xvfb.wait(timeout=0.5)
         for label, proc in (("X server", self.xvfb), ("window manager", self.wm)):
             if proc is None:
                 return f"{label} not started"
