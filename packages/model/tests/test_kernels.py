@@ -6,11 +6,17 @@ assert that the same checks find at least one difference (the checks can fail).
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from parity.model.blas import cnr_mode
 from parity.model.kernels import ALIGNED, KV_TILE, STANDARD, SeqLayout, tree_sum
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -52,12 +58,42 @@ def test_aligned_linear_rows_invariant(k, n_out, n, data):
     assert torch.equal(alone, batched)
 
 
-def test_standard_linear_is_not_row_invariant(two_threads):
-    g = torch.Generator().manual_seed(0)
-    w, row = torch.randn(896, 1024, generator=g), torch.randn(1024, generator=g)
-    alone = STANDARD.linear(row[None], w, None)[0]
-    diffs = [not torch.equal(alone, STANDARD.linear(_embed(row, n, 0, n), w, None)[0]) for n in (17, 64, 300)]
-    assert any(diffs)
+_WITHOUT_STRICT_CNR = """
+import json, torch
+from parity.model.blas import cnr_mode
+from parity.model.kernels import ALIGNED, STANDARD
+torch.set_num_threads(2)
+g = torch.Generator().manual_seed(0)
+w, row = torch.randn(896, 1024, generator=g), torch.randn(1024, generator=g)
+alone = STANDARD.linear(row[None], w, None)[0]
+diffs = []
+for n in (17, 64, 300):
+    x = torch.randn(n, 1024, generator=g)
+    x[0] = row
+    diffs.append(not torch.equal(alone, STANDARD.linear(x, w, None)[0]))
+try:
+    ALIGNED.linear(row[None], w, None)
+    refused = ""
+except RuntimeError as e:
+    refused = str(e)
+print(json.dumps({"diffs": diffs, "refused": refused}))
+"""
+
+
+def test_gemms_need_strict_cnr():
+    """Without MKL's strict CNR a GEMM row's bits depend on the row count, and aligned refuses."""
+    env = {**os.environ, "MKL_CBWR": "AUTO"}  # CNR on, but not strict
+    out = subprocess.run([sys.executable, "-c", _WITHOUT_STRICT_CNR], env=env, capture_output=True,
+                         text=True, check=True)
+    result = json.loads(out.stdout)
+    assert any(result["diffs"])
+    assert "aligned kernels need MKL's strict CNR mode" in result["refused"]
+    assert "MKL_CBWR='AUTO'" in result["refused"]
+
+
+def test_parity_runs_mkl_in_strict_cnr():
+    mode = cnr_mode()
+    assert mode is not None and mode & 0x10000, os.environ.get("MKL_CBWR")
 
 
 @SETTINGS

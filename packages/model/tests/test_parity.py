@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from parity.model import KV_TILE, ROW_MULTIPLE, load_model, token_logprobs
+from parity.model import KV_TILE, load_model, token_logprobs
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +42,7 @@ def _checks(model, seq: torch.Tensor, others: torch.Tensor, where: int, chunks: 
     return out
 
 
-CHUNKS = [1, 7, KV_TILE - 1, KV_TILE, KV_TILE + 1, ROW_MULTIPLE - 1, ROW_MULTIPLE + 1]
+CHUNKS = [1, 7, 9, 15, 17, KV_TILE - 1, KV_TILE, KV_TILE + 1]
 
 
 @settings(max_examples=6, deadline=None)

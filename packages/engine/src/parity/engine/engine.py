@@ -33,7 +33,7 @@ from parity.engine.scheduler import Batch, Scheduler
 from parity.engine.sequence import Sequence, Status
 from parity.engine.stopping import Detokenizer, finish_reason
 from parity.engine.weights import apply_update, check_update
-from parity.model import ROW_MULTIPLE, Decoder, SeqLayout
+from parity.model import ATTENTION_ROW_MULTIPLE, Decoder, SeqLayout
 
 
 class EngineInputError(ValueError):
@@ -213,7 +213,8 @@ class Engine:
             flat += seq.tokens[seq.num_computed : seq.num_computed + n]
         layout = SeqLayout.from_lengths(batch.num_new, [s.num_computed for s in batch.seqs])
         heads = self.model.config.num_attention_heads
-        scores = sum(-(-n // ROW_MULTIPLE) * ROW_MULTIPLE * heads * layout.max_kv_len for n in batch.num_new)
+        rows = [-(-n // ATTENTION_ROW_MULTIPLE) * ATTENTION_ROW_MULTIPLE for n in batch.num_new]
+        scores = sum(r * heads * layout.max_kv_len for r in rows)
         self.peak_attention_scores = max(self.peak_attention_scores, scores)
         kv = PagedKV.build(self.pool, [s.block_table for s in batch.seqs], layout)
         with torch.no_grad():

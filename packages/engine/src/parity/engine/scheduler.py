@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from parity.engine.block_manager import BlockManager
 from parity.engine.config import EngineConfig
 from parity.engine.sequence import Sequence, Status
-from parity.model import KV_TILE, ROW_MULTIPLE
+from parity.model import ATTENTION_ROW_MULTIPLE, KV_TILE
 
 
 @dataclass
@@ -76,7 +76,7 @@ class Scheduler:
         """Most new rows of seq whose attention scores fit max_attention_scores."""
         keys = -(-len(seq.tokens) // KV_TILE) * KV_TILE
         rows = self.config.max_attention_scores // (self.num_heads * keys)
-        return max(ROW_MULTIPLE, rows // ROW_MULTIPLE * ROW_MULTIPLE)
+        return max(ATTENTION_ROW_MULTIPLE, rows // ATTENTION_ROW_MULTIPLE * ATTENTION_ROW_MULTIPLE)
 
     def _blocks_needed(self, seq: Sequence, n: int) -> int:
         return -(-(seq.num_computed + n) // self.bs) - len(seq.block_table)

@@ -2,21 +2,21 @@
 
 import os
 
-# Aligned GEMMs run single-threaded MKL calls from a small thread pool. OpenMP's default
-# active wait keeps idle OpenMP workers spinning after every parallel region, stealing the
-# pool's cores (measured: forward 0.51x -> 0.76x of standard on the tiny shape). Read once,
-# when OpenMP starts; set before that, and inherited by Ray workers started afterwards.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+from parity.model.blas import DEFAULT_MODE
+
+# Aligned GEMMs need MKL's strict CNR mode (parity.model.blas). MKL reads it once, at its
+# first call: set before that, and inherited by Ray workers started afterwards.
+os.environ.setdefault("MKL_CBWR", DEFAULT_MODE)
 
 from parity.model.config import ModelConfig, ModelConfigError
 from parity.model.decoder import Decoder, DenseKV, KVStore
 from parity.model.io import WeightsError, load_model, save_model
-from parity.model.kernels import KV_TILE, ROW_MULTIPLE, KernelMode, SeqLayout, get_kernels
+from parity.model.kernels import ATTENTION_ROW_MULTIPLE, KV_TILE, KernelMode, SeqLayout, get_kernels
 from parity.model.logprobs import token_logprobs
 
 __all__ = [
+    "ATTENTION_ROW_MULTIPLE",
     "KV_TILE",
-    "ROW_MULTIPLE",
     "Decoder",
     "DenseKV",
     "KVStore",

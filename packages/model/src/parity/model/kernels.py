@@ -2,11 +2,9 @@
 
 `aligned` (the default): every op gives each row the same bits whatever the number of rows
 in the call, the row's position among them, and the thread count. How, on CPU:
-  * GEMMs pad their rows to a multiple of `ROW_MULTIPLE` and run single-threaded MKL on
-    fixed column blocks (a 2-thread MKL call may split the K reduction; 1-thread calls on
-    16-row-padded inputs gave the same bits per row for every row count we probed). The
-    blocks run in a small thread pool, so the work still uses both cores; bias is added
-    after the product, elementwise.
+  * GEMMs are plain `F.linear` calls, made row- and thread-invariant by running MKL in its
+    strict CNR mode (`parity.model.blas`, set when `parity.model` is imported); aligned
+    mode refuses to run without it.
   * Attention visits keys in tiles of `KV_TILE` counted from absolute position 0; the
     softmax max is exact in any order, the per-tile sums reduce a fixed-size last
     dimension, and tiles are combined by a pairwise tree that zero tiles cannot change.
@@ -20,14 +18,15 @@ used as the contrast the parity audit must catch.
 
 Backward passes need only be correct: aligned ops compute their gradients with ordinary
 multi-threaded torch ops (attention from the probabilities its forward kept).
+
+Strict CNR is process-wide, so in a parity process the standard GEMMs are row-invariant
+too; the standard mode still differs through SDPA, F.silu and rsqrt, and
+`tests/test_kernels.py` shows MKL's GEMMs differ by row count once CNR is off.
 """
 
 from __future__ import annotations
 
-import math
-import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Literal
@@ -35,16 +34,14 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
+from parity.model.blas import require_strict_cnr
+
 KernelMode = Literal["aligned", "standard"]
 KERNEL_MODES: tuple[KernelMode, ...] = ("aligned", "standard")
-ROW_MULTIPLE = 16
 ATTENTION_ROW_MULTIPLE = 8
 KV_TILE = 64
-# Column blocks of aligned GEMMs: fixed by the weight's shape only, never by thread count.
-_COLUMN_BLOCKS = 2
-_MIN_POOL_FLOPS = 4_000_000
-_gemm_lock = threading.Lock()
-_pool: ThreadPoolExecutor | None = None
+QUERY_CHUNK = 64  # query rows per attention piece (see SeqLayout.groups)
+_EXP_FLOOR = -80.0  # e^-80 ~ 1.8e-35: a normal float, far below a sum's last bit
 
 
 def _round_up(n: int, m: int) -> int:
@@ -54,66 +51,10 @@ def _round_up(n: int, m: int) -> int:
 # ----------------------------------------------------------------------------- GEMM
 
 
-def _column_blocks(n: int) -> list[tuple[int, int]]:
-    if n < 2 * ROW_MULTIPLE * _COLUMN_BLOCKS:
-        return [(0, n)]
-    step = _round_up(math.ceil(n / _COLUMN_BLOCKS), ROW_MULTIPLE)
-    return [(a, min(a + step, n)) for a in range(0, n, step)]
-
-
-def _single_thread_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    torch.set_num_threads(1)  # this pool thread's own OpenMP/MKL setting
-    with torch.no_grad():  # grad mode is per thread; gradients come from _AlignedLinear
-        return F.linear(x, w)
-
-
-def aligned_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x [n, k] @ w[out, k].T with per-row bits independent of n, row order and threads."""
-    global _pool
-    n = x.shape[0]
-    xp = F.pad(x, (0, 0, 0, (-n) % ROW_MULTIPLE)) if n % ROW_MULTIPLE else x
-    blocks = _column_blocks(w.shape[0])
-    with _gemm_lock:
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            parallel = threads > 1 and len(blocks) > 1
-            if parallel and xp.shape[0] * x.shape[1] * w.shape[0] >= _MIN_POOL_FLOPS:
-                if _pool is None:
-                    _pool = ThreadPoolExecutor(_COLUMN_BLOCKS, thread_name_prefix="parity-gemm")
-                outs = list(_pool.map(lambda ab: _single_thread_linear(xp, w[ab[0] : ab[1]]), blocks))
-            else:
-                outs = [F.linear(xp, w[a:b]) for a, b in blocks]
-        finally:
-            torch.set_num_threads(threads)
-    out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
-    return out[:n]
-
-
-class _AlignedLinear(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        ctx.save_for_backward(x, w)
-        return aligned_matmul(x, w)
-
-    @staticmethod
-    def backward(ctx, g: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:  # type: ignore[override]
-        x, w = ctx.saved_tensors
-        gx = g @ w if ctx.needs_input_grad[0] else None
-        gw = g.t() @ x if ctx.needs_input_grad[1] else None
-        return gx, gw
-
-
 def _linear_aligned(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    shape = x.shape
-    flat = x.reshape(-1, shape[-1])
-    if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad):
-        out = _AlignedLinear.apply(flat, w)
-    else:
-        out = aligned_matmul(flat, w)
-    if b is not None:
-        out = out + b
-    return out.reshape(*shape[:-1], w.shape[0])
+    # Row-invariant because MKL runs in strict CNR mode (parity.model.blas), not by its shape.
+    require_strict_cnr()
+    return F.linear(x, w, b)
 
 
 # ----------------------------------------------------------------------------- norms, MLP
@@ -128,8 +69,31 @@ def _rms_norm_standard(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Te
     return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
 
+def _silu_mul_fwd(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    d = torch.neg(gate).exp_().add_(1)  # one buffer, updated in place: 1 + e^-gate
+    return torch.div(gate, d, out=d).mul_(up)
+
+
+class _SiluMul(torch.autograd.Function):
+    """Aligned forward; the ordinary derivative of silu(gate) * up for backward."""
+
+    @staticmethod
+    def forward(ctx, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        ctx.save_for_backward(gate, up)
+        return _silu_mul_fwd(gate, up)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+        gate, up = ctx.saved_tensors
+        sig = torch.sigmoid(gate)
+        silu = gate * sig
+        return grad * up * (sig + silu * (1 - sig)), grad * silu
+
+
 def _silu_mul_aligned(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    return gate / (1 + torch.exp(-gate)) * up
+    if torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad):
+        return _SiluMul.apply(gate, up)
+    return _silu_mul_fwd(gate, up)
 
 
 def _silu_mul_standard(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -182,10 +146,13 @@ class SeqLayout:
         return _round_up(max(self.kv_lens), KV_TILE)
 
     def groups(self, g_heads: int) -> list[_Group]:
-        """Sequences bucketed by padded row count, so a decode step does not pad to a prefill.
+        """The query rows cut into pieces and bucketed, so that no piece computes what it cannot see.
 
-        Each sequence's rows are padded so that the query matrix of one KV head (g_heads
-        query heads × rows) has a multiple of ATTENTION_ROW_MULTIPLE rows.
+        Each sequence's rows are cut into pieces of at most QUERY_CHUNK rows; a piece visits
+        only the key tiles its last row can see (causal tiles are skipped, not masked), and a
+        decode step is not padded to a prefill. Pieces are bucketed by padded row count and
+        by their key tile count rounded up to a power of two, which bounds both the wasted
+        tiles (< 2x) and the number of buckets. Skipped tiles would only add exact zeros.
         """
         if g_heads not in self._groups:
             self._groups[g_heads] = self._make_groups(g_heads)
@@ -196,44 +163,71 @@ class SeqLayout:
         return {}
 
     def _make_groups(self, g_heads: int) -> list[_Group]:
-        step = ATTENTION_ROW_MULTIPLE // math.gcd(g_heads, ATTENTION_ROW_MULTIPLE)
-        buckets: dict[int, list[int]] = {}
-        for s, n in enumerate(self.lengths):
-            buckets.setdefault(_round_up(n, step), []).append(s)
+        buckets: dict[tuple[int, int], list[tuple[int, int, int, int]]] = {}
+        for s, (start, n, kv) in enumerate(zip(self.starts, self.lengths, self.kv_lens, strict=True)):
+            for a in range(0, n, QUERY_CHUNK):
+                rows = min(QUERY_CHUNK, n - a)
+                keys = kv - (n - a - rows)  # what the piece's last row sees
+                tiles = 1 << (-(-keys // KV_TILE) - 1).bit_length()
+                buckets.setdefault((_query_rows(rows, g_heads), tiles), []).append((s, start + a, rows, keys))
         out = []
-        for rpad, seqs in sorted(buckets.items()):
-            rows = torch.zeros(len(seqs), rpad, dtype=torch.long)
-            valid = torch.zeros(len(seqs), rpad, dtype=torch.bool)
-            for i, s in enumerate(seqs):
-                rows[i, : self.lengths[s]] = torch.arange(self.starts[s], self.starts[s] + self.lengths[s])
-                valid[i, : self.lengths[s]] = True
-            # padded rows repeat the sequence's first row: finite, and dropped afterwards
+        for (rpad, _), pieces in sorted(buckets.items()):
+            rows = torch.zeros(len(pieces), rpad, dtype=torch.long)
+            valid = torch.zeros(len(pieces), rpad, dtype=torch.bool)
+            for i, (_, first, n, _) in enumerate(pieces):
+                rows[i, :n] = torch.arange(first, first + n)
+                valid[i, :n] = True
+            # padded rows repeat the piece's first row: finite, and dropped afterwards
             rows = torch.where(valid, rows, rows[:, :1])
-            kv_exact = max(self.kv_lens[s] for s in seqs)
+            kv_exact = max(p[3] for p in pieces)
             out.append(_Group(
-                torch.tensor(seqs), rows, valid, self.positions[rows], _round_up(kv_exact, KV_TILE), kv_exact
+                torch.tensor([p[0] for p in pieces]), rows, valid, self.positions[rows],
+                _round_up(kv_exact, KV_TILE), kv_exact, g_heads,
             ))
         return out
 
 
+def _query_rows(n: int, g_heads: int) -> int:
+    """Rows a piece of n query rows is padded to (the query matrix has g_heads times as many).
+
+    A decode step keeps its single row; longer pieces round up to ATTENTION_ROW_MULTIPLE so
+    that pieces of similar length share a bucket. MKL's batched GEMM takes another path for
+    1-row matrices, so a query matrix never has fewer than 2 rows.
+    """
+    if n == 1 and g_heads >= 2:
+        return 1
+    return _round_up(n, ATTENTION_ROW_MULTIPLE)
+
+
 @dataclass
 class _Group:
-    seqs: torch.Tensor  # [g] sequence indices
+    seqs: torch.Tensor  # [g] the sequence each piece belongs to
     rows: torch.Tensor  # [g, R] row indices into the flat batch
     valid: torch.Tensor  # [g, R] real rows
     positions: torch.Tensor  # [g, R] absolute positions of the rows
     kv_len: int  # keys visited, a multiple of KV_TILE
     kv_exact: int  # the longest sequence's real key count
+    g_heads: int  # query heads per KV head, stacked in the query matrix
     out_rows: torch.Tensor = field(init=False)
 
     def __post_init__(self) -> None:
         self.out_rows = self.rows[self.valid]
 
-    def mask(self, g_heads: int) -> torch.Tensor:
-        """[g, 1, G*R, L] True where a key is visible: key position <= query position."""
+    def visible(self, heads: int) -> torch.Tensor:
+        """[g, 1, heads*R, L] True where a key is visible: key position <= query position."""
         keys = torch.arange(self.kv_len)
         m = keys[None, None, :] <= self.positions[:, :, None]
-        return m.unsqueeze(1).expand(-1, g_heads, -1, -1).reshape(m.shape[0], 1, -1, self.kv_len)
+        return m.unsqueeze(1).expand(-1, heads, -1, -1).reshape(m.shape[0], 1, -1, self.kv_len)
+
+    @cached_property
+    def hidden(self) -> torch.Tensor:
+        """[g, 1, G*R, L] the keys each row of the query matrix must not see (every layer's)."""
+        return ~self.visible(self.g_heads)
+
+    @cached_property
+    def bias(self) -> torch.Tensor:
+        """`hidden` as an additive mask: -inf where hidden, 0 elsewhere."""
+        return torch.zeros(self.hidden.shape).masked_fill_(self.hidden, float("-inf"))
 
 
 def tree_sum(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -277,25 +271,27 @@ def _scatter_group(out: torch.Tensor, og: torch.Tensor, grp: _Group) -> None:
 
 def _attention_aligned_fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: SeqLayout, scale: float,
-    keep_probs: bool = False,
+    keep_lse: bool = False,
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """Output [N, Hq, D] and, if asked, each group's normalised probabilities for backward."""
+    """Output [N, Hq, D] and, if asked, each group's log-normaliser [g, Hkv, G*R] for backward."""
     out = q.new_empty(q.shape)
     g_heads = q.shape[1] // k.shape[1]
-    probs = []
+    lses = []
     for grp in layout.groups(g_heads):
-        qg, kg, vg = _gather_group(q, k, v, grp)
-        s = torch.matmul(qg, kg.transpose(-1, -2)) * scale  # [g, Hkv, GR, L]
-        s = s.masked_fill(~grp.mask(g_heads), float("-inf"))
-        p = torch.exp(s - s.amax(-1, keepdim=True))
+        qg, kg, vg = _gather_group(q * scale, k, v, grp)
+        s = torch.matmul(qg, kg.transpose(-1, -2)).masked_fill_(grp.hidden, float("-inf"))  # [g,Hkv,GR,L]
+        m = s.amax(-1, keepdim=True)
+        # MKL's exp takes a slow path when its result underflows; below e^-80 a key's weight
+        # is lost in the sum anyway, and hidden keys are zeroed exactly after the exp.
+        p = s.sub_(m).clamp_(min=_EXP_FLOOR).exp_().masked_fill_(grp.hidden, 0.0)
         tiles = grp.kv_len // KV_TILE
         pt = p.unflatten(-1, (tiles, KV_TILE))  # [g, Hkv, GR, T, KT]
         denom = tree_sum(pt.sum(-1), dim=-1).unsqueeze(-1)  # [g, Hkv, GR, 1]
         pv = torch.matmul(pt.transpose(2, 3), vg.unflatten(2, (tiles, KV_TILE)))  # [g,Hkv,T,GR,D]
         _scatter_group(out, tree_sum(pv, dim=2) / denom, grp)
-        if keep_probs:
-            probs.append(p / denom)
-    return out, probs
+        if keep_lse:
+            lses.append((m + denom.log()).squeeze(-1))
+    return out, lses
 
 
 def _attention_standard(
@@ -313,7 +309,7 @@ def _attention_standard(
         n_keys = grp.kv_exact  # no tiles here: keys cut at the longest sequence, as usual
         kh = kg[:, :, :n_keys].repeat_interleave(g_heads, dim=1)
         vh = vg[:, :, :n_keys].repeat_interleave(g_heads, dim=1)
-        mask = grp.mask(1)[..., :n_keys]  # [g, 1, R, L]
+        mask = grp.visible(1)[..., :n_keys]  # [g, 1, R, L]
         o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale)
         o = o.view(n_seq, hkv, g_heads, r, d).permute(0, 3, 1, 2, 4).reshape(n_seq, r, -1, d)
         outs.append(o[grp.valid])
@@ -324,29 +320,33 @@ def _attention_standard(
 
 
 class _AlignedAttention(torch.autograd.Function):
-    """Aligned forward; the usual softmax-attention backward from the saved probabilities."""
+    """Aligned forward; the backward is torch's flash-attention backward, given the forward's
+    output and log-normaliser, so no [rows x keys] probabilities are kept between the passes."""
 
     @staticmethod
     def forward(ctx, q, k, v, layout, scale):  # type: ignore[override]
-        out, probs = _attention_aligned_fwd(q, k, v, layout, scale, keep_probs=True)
-        ctx.save_for_backward(q, k, v, out, *probs)
+        out, lses = _attention_aligned_fwd(q, k, v, layout, scale, keep_lse=True)
+        ctx.save_for_backward(q, k, v, out, *lses)
         ctx.layout, ctx.scale = layout, scale
         return out
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
-        q, k, v, out, *probs = ctx.saved_tensors
+        q, k, v, out, *lses = ctx.saved_tensors
         gq, gk, gv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         g_heads = q.shape[1] // k.shape[1]
-        for grp, p in zip(ctx.layout.groups(g_heads), probs, strict=True):
+        for grp, lse in zip(ctx.layout.groups(g_heads), lses, strict=True):
             qg, kg, vg = _gather_group(q, k, v, grp)
             # padding rows repeat a real row: their gradient must not count twice
             dout = _gather_group(grad, k, v, grp)[0] * _real_rows(grp, g_heads)
             og = _gather_group(out, k, v, grp)[0]
-            ds = p * (dout @ vg.transpose(-1, -2) - (dout * og).sum(-1, keepdim=True)) * ctx.scale
-            _scatter_group(gq, ds @ kg, grp)
-            gk[grp.seqs, :, : grp.kv_len] += ds.transpose(-1, -2) @ qg
-            gv[grp.seqs, :, : grp.kv_len] += p.transpose(-1, -2) @ dout
+            dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                dout, qg, kg, vg, og, lse, 0.0, False, attn_mask=grp.bias.to(q.dtype), scale=ctx.scale
+            )
+            _scatter_group(gq, dq, grp)
+            # pieces of one sequence may share a group: accumulate, do not overwrite
+            gk[:, :, : grp.kv_len].index_add_(0, grp.seqs, dk)
+            gv[:, :, : grp.kv_len].index_add_(0, grp.seqs, dv)
         return gq, gk, gv, None, None
 
 
