@@ -32,3 +32,34 @@ def test_16k_multi_turn_episode_runs_in_bounded_memory():
     full = torch.tensor([tokens[: start + len(last.token_ids)]])
     ref = token_logprobs(model, full, 1.0, chunk_size=1024)[0, start - 1 :]
     assert torch.equal(torch.tensor(last.logprobs, dtype=torch.float32), ref)
+
+
+@pytest.mark.slow
+def test_128k_multi_turn_episode_runs_in_bounded_memory():
+    """Four 32K-token turns on a one-layer, one-head model (attention cost grows with the
+    square of the context): the KV pool and the attention scores stay within their configured
+    bounds, earlier turns are reused, and the last turn's logprobs equal the learner's."""
+    model = random_model("test", max_position_embeddings=133120, num_hidden_layers=1,
+                         hidden_size=16, intermediate_size=64, num_attention_heads=1,
+                         num_key_value_heads=1)
+    cfg = EngineConfig(kv_blocks=8256, max_batch_tokens=4096, max_attention_scores=2**26)
+    eng = Engine(model, cfg)
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, 101, (32764,), generator=g).tolist()  # turns at 32K, 64K, 96K, 128K
+    turns = []
+    while True:
+        c = eng.generate([tokens], SamplingParams(max_new_tokens=4, seed=len(tokens)))[0]
+        turns.append((len(tokens), c))
+        if len(tokens) + len(c.token_ids) >= 131072:
+            break
+        tokens = tokens + c.token_ids + torch.randint(0, 101, (32764,), generator=g).tolist()
+    start, last = turns[-1]
+    assert len(turns) == 4 and start + len(last.token_ids) == 131072
+    assert eng.pool.nbytes == 2 * 1 * 8256 * 16 * 1 * 16 * 4  # K and V, 1 layer, 8256 blocks of 16
+    assert eng.peak_attention_scores <= cfg.max_attention_scores
+    reused = [(s + len(c.token_ids) - 1) // 16 * 16 for s, c in turns[:-1]]
+    assert eng.num_cached_tokens == sum(reused)
+    full = torch.tensor([tokens + last.token_ids])
+    with torch.no_grad():  # 128 chunks of 1024 tokens, each attending to up to 128K keys
+        ref = token_logprobs(model, full, 1.0, chunk_size=1024)[0, start - 1 :]
+    assert torch.equal(torch.tensor(last.logprobs, dtype=torch.float32), ref)

@@ -2,11 +2,19 @@
 
 Both modes run on the same weights and tokens, interleaved round by round so machine noise
 hits both alike; the figure per mode is the median round.
+
+Both modes also share the process's MKL setting, strict CNR (`parity.model.blas`), which
+aligned mode needs. What that setting costs is measured apart: the standard fwd+bwd in fresh
+processes with and without it (MKL reads it once per process), alternated, medians compared.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -68,9 +76,50 @@ def bench_case(case: Case, cfg: ModelConfig, progress: Callable[[str], None] = l
     return out
 
 
+def _standard_fwd_bwd(case: Case) -> list[float]:
+    """Standard-mode fwd+bwd tokens/s of each round after a warm-up (in this process)."""
+    torch.manual_seed(0)
+    model = Decoder(SHAPES[case.shape], "standard")
+    tokens = torch.randint(0, model.config.vocab_size, (case.batch, case.seq_len))
+
+    def fwd_bwd() -> None:
+        model.zero_grad(set_to_none=True)
+        token_logprobs(model, tokens).mean().backward()
+
+    rates = [_tokens_per_s(fwd_bwd, case.batch * (case.seq_len - 1)) for _ in range(case.rounds + 1)]
+    return rates[1:]
+
+
+CNR_SETTINGS = {"strict": "AUTO,STRICT", "off": "AUTO"}
+
+
+def cnr_cost(case: Case, repeats: int = 2, progress: Callable[[str], None] = lambda _: None) -> dict:
+    """Standard fwd+bwd tokens/s with MKL's strict CNR mode on and off, fresh processes alternated."""
+    rates: dict[str, list[float]] = {name: [] for name in CNR_SETTINGS}
+    for r in range(repeats):
+        for name, setting in CNR_SETTINGS.items():
+            progress(f"{case.shape} MKL strict CNR {name}, process {r + 1}/{repeats}")
+            out = subprocess.run(
+                [sys.executable, "-m", "parity.model.bench", case.shape],
+                env={**os.environ, "MKL_CBWR": setting}, capture_output=True, text=True, check=True,
+            )
+            rates[name] += json.loads(out.stdout.splitlines()[-1])
+    on, off = statistics.median(rates["strict"]), statistics.median(rates["off"])
+    return {"shape": case.shape, "pass": "fwd_bwd, standard kernels",
+            "strict_tokens_per_s": round(on, 1), "off_tokens_per_s": round(off, 1),
+            "ratio": round(on / off, 3)}
+
+
 def run(shapes: list[str] | None = None, progress: Callable[[str], None] = lambda _: None) -> dict:
     cases = [c for c in CASES if shapes is None or c.shape in shapes]
     return {
         "threads": torch.get_num_threads(),
         "cases": [bench_case(c, SHAPES[c.shape], progress) for c in cases],
+        # the 0.5B shape would take minutes per process; the tiny one shows the GEMM setting's cost
+        "mkl_strict_cnr_cost": [cnr_cost(c, progress=progress) for c in cases if c.shape == "tiny"],
     }
+
+
+if __name__ == "__main__":  # a child of cnr_cost: MKL_CBWR was set before torch started
+    (name,) = sys.argv[1:]
+    print(json.dumps(_standard_fwd_bwd(next(c for c in CASES if c.shape == name))))

@@ -35,3 +35,8 @@ def bench_learner(
                           f"{r['aligned_tokens_per_s']:.0f}", f"{r['standard_tokens_per_s']:.0f}",
                           f"{r['ratio']:.3f}")
     Console().print(table)
+    for c in result["mkl_strict_cnr_cost"]:
+        Console().print(
+            f"MKL strict CNR (needed by aligned GEMMs), standard fwd+bwd on {c['shape']}: "
+            f"{c['strict_tokens_per_s']:.0f} tokens/s on vs {c['off_tokens_per_s']:.0f} off = {c['ratio']:.3f}"
+        )
