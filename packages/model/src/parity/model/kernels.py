@@ -9,7 +9,8 @@ in the call, the row's position among them, and the thread count. How, on CPU:
     softmax max is exact in any order, the per-tile sums reduce a fixed-size last
     dimension, and tiles are combined by a pairwise tree that zero tiles cannot change.
     Masked keys contribute exact zeros, so a query sees the same arithmetic whether it is
-    row t of a training sequence, a decode step, or any chunked-prefill split.
+    row t of a training sequence, a decode step, or any chunked-prefill split, and tiles
+    a query cannot see may be skipped (`SeqLayout.groups`).
   * Elementwise transcendental functions avoid kernels whose scalar tail loop differs
     from their vector body (F.silu, sigmoid): silu is x / (1 + exp(-x)), and exp is
     the vectorised library call that treats every element alike.
@@ -17,11 +18,12 @@ in the call, the row's position among them, and the thread count. How, on CPU:
 used as the contrast the parity audit must catch.
 
 Backward passes need only be correct: aligned ops compute their gradients with ordinary
-multi-threaded torch ops (attention from the probabilities its forward kept).
+multi-threaded torch ops (attention with torch's flash-attention backward, from the output
+and log-normaliser its forward kept).
 
 Strict CNR is process-wide, so in a parity process the standard GEMMs are row-invariant
 too; the standard mode still differs through SDPA, F.silu and rsqrt, and
-`tests/test_kernels.py` shows MKL's GEMMs differ by row count once CNR is off.
+`tests/test_kernels.py` shows MKL's GEMMs differ by row count once strict CNR is off.
 """
 
 from __future__ import annotations
@@ -180,9 +182,10 @@ class SeqLayout:
             # padded rows repeat the piece's first row: finite, and dropped afterwards
             rows = torch.where(valid, rows, rows[:, :1])
             kv_exact = max(p[3] for p in pieces)
+            seqs = [p[0] for p in pieces]
             out.append(_Group(
-                torch.tensor([p[0] for p in pieces]), rows, valid, self.positions[rows],
-                _round_up(kv_exact, KV_TILE), kv_exact, g_heads,
+                torch.tensor(seqs), rows, valid, self.positions[rows], _round_up(kv_exact, KV_TILE),
+                kv_exact, g_heads, seqs == list(range(len(self.lengths))),
             ))
         return out
 
@@ -208,6 +211,7 @@ class _Group:
     kv_len: int  # keys visited, a multiple of KV_TILE
     kv_exact: int  # the longest sequence's real key count
     g_heads: int  # query heads per KV head, stacked in the query matrix
+    every_seq: bool  # the pieces are the call's sequences 0..S-1, in order
     out_rows: torch.Tensor = field(init=False)
 
     def __post_init__(self) -> None:
@@ -249,16 +253,25 @@ def tree_sum(x: torch.Tensor, dim: int) -> torch.Tensor:
     return x.squeeze(dim)
 
 
+def _gather_rows(x: torch.Tensor, grp: _Group, hkv: int) -> torch.Tensor:
+    """Query-shaped rows x [N, Hq, D] of the group as per-KV-head matrices [g, Hkv, G*R, D]."""
+    n_seq, r = grp.rows.shape
+    hq, d = x.shape[1], x.shape[2]
+    xg = x[grp.rows].view(n_seq, r, hkv, hq // hkv, d).permute(0, 2, 3, 1, 4)
+    return xg.reshape(n_seq, hkv, (hq // hkv) * r, d)
+
+
+def _gather_keys(k: torch.Tensor, grp: _Group) -> torch.Tensor:
+    """The group's keys (or values) [g, Hkv, L, D], contiguous: the GEMMs would copy otherwise."""
+    k = k[:, :, : grp.kv_len]
+    return k.contiguous() if grp.every_seq else k.index_select(0, grp.seqs)
+
+
 def _gather_group(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grp: _Group
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """q rows of the group as [g, Hkv, G*R, D]; its sequences' keys and values [g, Hkv, L, D]."""
-    n_seq, r = grp.rows.shape
-    hq, d = q.shape[1], q.shape[2]
-    hkv = k.shape[1]
-    qg = q[grp.rows].view(n_seq, r, hkv, hq // hkv, d).permute(0, 2, 3, 1, 4)
-    qg = qg.reshape(n_seq, hkv, (hq // hkv) * r, d)
-    return qg, k[grp.seqs, :, : grp.kv_len], v[grp.seqs, :, : grp.kv_len]
+    """q rows of the group as [g, Hkv, G*R, D]; its pieces' keys and values [g, Hkv, L, D]."""
+    return _gather_rows(q, grp, k.shape[1]), _gather_keys(k, grp), _gather_keys(v, grp)
 
 
 def _scatter_group(out: torch.Tensor, og: torch.Tensor, grp: _Group) -> None:
@@ -338,8 +351,8 @@ class _AlignedAttention(torch.autograd.Function):
         for grp, lse in zip(ctx.layout.groups(g_heads), lses, strict=True):
             qg, kg, vg = _gather_group(q, k, v, grp)
             # padding rows repeat a real row: their gradient must not count twice
-            dout = _gather_group(grad, k, v, grp)[0] * _real_rows(grp, g_heads)
-            og = _gather_group(out, k, v, grp)[0]
+            dout = _gather_rows(grad, grp, k.shape[1]) * _real_rows(grp, g_heads)
+            og = _gather_rows(out, grp, k.shape[1])
             dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
                 dout, qg, kg, vg, og, lse, 0.0, False, attn_mask=grp.bias.to(q.dtype), scale=ctx.scale
             )
