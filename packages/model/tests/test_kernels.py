@@ -203,6 +203,19 @@ def test_aligned_gradients_match_standard():
         torch.testing.assert_close(a, b)
 
 
+@pytest.mark.parametrize("shape", [(7, 32), (5, 3, 16)])  # hidden states; per-head q/k norm
+def test_aligned_norm_and_silu_gradients_match_standard(shape):
+    g = torch.Generator().manual_seed(1)
+    x, up = (torch.randn(shape, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    w = torch.rand(shape[-1], generator=g, dtype=torch.float64).add(0.5).requires_grad_()
+    grads = {}
+    for kernels in (ALIGNED, STANDARD):
+        out = kernels.silu_mul(kernels.rms_norm(x, w, 1e-6), up)
+        grads[kernels.mode] = torch.autograd.grad(out.square().sum(), (x, w, up))
+    for a, b in zip(grads["aligned"], grads["standard"], strict=True):
+        torch.testing.assert_close(a, b)
+
+
 def test_aligned_gradients_match_finite_differences():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(5, 6, dtype=torch.float64, generator=g, requires_grad=True)

@@ -62,9 +62,34 @@ def _linear_aligned(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) ->
 # ----------------------------------------------------------------------------- norms, MLP
 
 
-def _rms_norm_aligned(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+def _rms_norm_fwd(x: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     # sqrt and division are correctly rounded in every code path; rsqrt need not be.
-    return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+    rms = torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return x / rms * w, rms
+
+
+class _RMSNorm(torch.autograd.Function):
+    """Aligned forward; the usual RMSNorm gradient, in a few fused passes, for backward."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:  # type: ignore[override]
+        y, rms = _rms_norm_fwd(x, w, eps)
+        ctx.save_for_backward(x, w, rms)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:  # type: ignore[override]
+        x, w, rms = ctx.saved_tensors
+        xhat = x / rms
+        gw = grad * w
+        gx = (gw - xhat * (gw * xhat).mean(-1, keepdim=True)) / rms
+        return gx, (grad * xhat).reshape(-1, x.shape[-1]).sum(0), None
+
+
+def _rms_norm_aligned(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad):
+        return _RMSNorm.apply(x, w, eps)
+    return _rms_norm_fwd(x, w, eps)[0]
 
 
 def _rms_norm_standard(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -87,9 +112,7 @@ class _SiluMul(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
         gate, up = ctx.saved_tensors
-        sig = torch.sigmoid(gate)
-        silu = gate * sig
-        return grad * up * (sig + silu * (1 - sig)), grad * silu
+        return torch.ops.aten.silu_backward(grad * up, gate), grad * F.silu(gate)
 
 
 def _silu_mul_aligned(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -320,10 +343,10 @@ def _attention_standard(
         r = gr // g_heads
         qh = qg.view(n_seq, hkv * g_heads, r, d)
         n_keys = grp.kv_exact  # no tiles here: keys cut at the longest sequence, as usual
-        kh = kg[:, :, :n_keys].repeat_interleave(g_heads, dim=1)
-        vh = vg[:, :, :n_keys].repeat_interleave(g_heads, dim=1)
         mask = grp.visible(1)[..., :n_keys]  # [g, 1, R, L]
-        o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale)
+        o = F.scaled_dot_product_attention(
+            qh, kg[:, :, :n_keys], vg[:, :, :n_keys], attn_mask=mask, scale=scale, enable_gqa=True
+        )
         o = o.view(n_seq, hkv, g_heads, r, d).permute(0, 3, 1, 2, 4).reshape(n_seq, r, -1, d)
         outs.append(o[grp.valid])
         rows.append(grp.out_rows)
