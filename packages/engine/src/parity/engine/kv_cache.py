@@ -8,13 +8,18 @@ from parity.model import ModelConfig, SeqLayout
 
 
 class KVPool:
-    """K and V for every layer: [layers, kv_blocks, block_size, Hkv, D], zeroed once."""
+    """K and V for every layer: [layers, kv_blocks, Hkv, block_size, D], zeroed once.
+
+    Heads come before the block's token slots, so the keys of one (sequence, head) gather
+    into one contiguous [L, D] matrix: the layout attention's GEMMs read without a copy.
+    """
 
     def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype) -> None:
-        shape = (cfg.num_hidden_layers, num_blocks, block_size, cfg.kv_heads, cfg.dim_per_head)
+        shape = (cfg.num_hidden_layers, num_blocks, cfg.kv_heads, block_size, cfg.dim_per_head)
         self.k = torch.zeros(shape, dtype=dtype)
         self.v = torch.zeros(shape, dtype=dtype)
         self.block_size = block_size
+        self.heads = torch.arange(cfg.kv_heads)
 
     @property
     def nbytes(self) -> int:
@@ -24,24 +29,26 @@ class KVPool:
 class PagedKV:
     """The KVStore of one forward call.
 
-    `slots` [N]: the pool slot (block * block_size + offset) each new row's K/V goes to.
-    `blocks` [S * L / block_size]: each sequence's block table padded to L = layout.max_kv_len
+    `slots` [N * Hkv]: where each new row's K/V vector goes, per head, in the pool seen as
+    [blocks * Hkv * block_size, D]. `slabs` [S * Hkv * L / block_size]: the [block_size, D]
+    slabs (pool seen as [blocks * Hkv, block_size * D]) that make up each sequence's keys of
+    each head, in [S, Hkv, L, D] order, from its block table padded to L = layout.max_kv_len
     keys; padding points at block 0, whose values are finite and which attention masks out.
-    Whole blocks are gathered (index_select of contiguous block_size x Hkv x D slabs: several
-    times faster than gathering single slots).
     """
 
-    def __init__(self, pool: KVPool, slots: torch.Tensor, blocks: torch.Tensor) -> None:
-        self.pool, self.slots, self.blocks = pool, slots, blocks
+    def __init__(self, pool: KVPool, slots: torch.Tensor, slabs: torch.Tensor) -> None:
+        self.pool, self.slots, self.slabs = pool, slots, slabs
 
     @classmethod
     def build(cls, pool: KVPool, tables: list[list[int]], layout: SeqLayout) -> PagedKV:
-        bs = pool.block_size
+        bs, heads = pool.block_size, pool.heads
         n_blocks = layout.max_kv_len // bs
         padded = torch.tensor([t[:n_blocks] + [0] * (n_blocks - len(t)) for t in tables], dtype=torch.long)
         pos = layout.positions
-        slots = padded[layout.seq_of_row, pos // bs] * bs + pos % bs
-        return cls(pool, slots, padded.flatten())
+        blocks = padded[layout.seq_of_row, pos // bs]
+        slots = ((blocks[:, None] * len(heads) + heads[None, :]) * bs + (pos % bs)[:, None]).flatten()
+        slabs = (padded[:, None, :] * len(heads) + heads[None, :, None]).flatten()
+        return cls(pool, slots, slabs)
 
     def update(
         self, layer: int, k: torch.Tensor, v: torch.Tensor, layout: SeqLayout
@@ -49,7 +56,8 @@ class PagedKV:
         out = []
         s, n = len(layout.lengths), layout.max_kv_len
         for store, new in ((self.pool.k[layer], k), (self.pool.v[layer], v)):
-            store.view(-1, *store.shape[2:]).index_copy_(0, self.slots, new.to(store.dtype))
-            dense = store.index_select(0, self.blocks).view(s, n, *store.shape[2:])
-            out.append(dense.transpose(1, 2))  # [S, Hkv, L, D]
+            d = store.shape[-1]
+            store.view(-1, d).index_copy_(0, self.slots, new.to(store.dtype).reshape(-1, d))
+            dense = store.view(-1, store.shape[2] * d).index_select(0, self.slabs)
+            out.append(dense.view(s, -1, n, d))  # [S, Hkv, L, D]
         return out[0], out[1]

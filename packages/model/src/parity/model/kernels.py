@@ -197,15 +197,12 @@ class SeqLayout:
                 buckets.setdefault((_query_rows(rows, g_heads), tiles), []).append((s, start + a, rows, keys))
         out = []
         for (rpad, _), pieces in sorted(buckets.items()):
-            rows = torch.zeros(len(pieces), rpad, dtype=torch.long)
-            valid = torch.zeros(len(pieces), rpad, dtype=torch.bool)
-            for i, (_, first, n, _) in enumerate(pieces):
-                rows[i, :n] = torch.arange(first, first + n)
-                valid[i, :n] = True
+            seqs, first, n, keys = (list(c) for c in zip(*pieces, strict=True))
+            first_t, offset = torch.tensor(first)[:, None], torch.arange(rpad)[None, :]
+            valid = offset < torch.tensor(n)[:, None]
             # padded rows repeat the piece's first row: finite, and dropped afterwards
-            rows = torch.where(valid, rows, rows[:, :1])
-            kv_exact = max(p[3] for p in pieces)
-            seqs = [p[0] for p in pieces]
+            rows = torch.where(valid, first_t + offset, first_t)
+            kv_exact = max(keys)
             out.append(_Group(
                 torch.tensor(seqs), rows, valid, self.positions[rows], _round_up(kv_exact, KV_TILE),
                 kv_exact, g_heads, seqs == list(range(len(self.lengths))),
