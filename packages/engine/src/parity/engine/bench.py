@@ -42,7 +42,7 @@ class Case:
 CASES = (
     Case("tiny batch 64 x 128 new", "tiny", batch=64, prompt_len=16, new_tokens=128),
     Case("tiny long context 8192 + 64 new", "tiny", batch=4, prompt_len=8192, new_tokens=64,
-         repeats=1, warm_prefix=True),
+         repeats=2, warm_prefix=True),
     Case("qwen2-0.5b batch 8 x 16 new", "qwen2-0.5b", batch=8, prompt_len=16, new_tokens=16,
          repeats=1, tie_word_embeddings=True),
 )
