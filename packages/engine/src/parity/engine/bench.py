@@ -72,7 +72,7 @@ def run_case(case: Case) -> dict:
     prompts, params = _requests(case, model.config.vocab_size)
     warm = [SamplingParams(max_new_tokens=2, seed=0)]
     best = {"aligned": 0.0, "standard": 0.0}
-    for mode in best:  # warm-up: thread pools, RoPE table, allocator
+    for mode in best:  # warm-up: OpenMP threads, RoPE table, allocator
         model.set_kernels(mode)
         Engine(model, case.engine_config()).generate(prompts[:1], warm)
     for _ in range(case.repeats):
