@@ -229,7 +229,7 @@ class _Group:
     valid: torch.Tensor  # [g, R] real rows
     positions: torch.Tensor  # [g, R] absolute positions of the rows
     kv_len: int  # keys visited, a multiple of KV_TILE
-    kv_exact: int  # the longest sequence's real key count
+    kv_exact: int  # the longest piece's real key count
     g_heads: int  # query heads per KV head, stacked in the query matrix
     every_seq: bool  # the pieces are the call's sequences 0..S-1, in order
     out_rows: torch.Tensor = field(init=False)
