@@ -21,7 +21,6 @@ from dataclasses import dataclass
 
 import torch
 
-from parity.model.config import ModelConfig
 from parity.model.decoder import Decoder
 from parity.model.logprobs import token_logprobs
 from parity.model.shapes import SHAPES
@@ -44,19 +43,36 @@ def _tokens_per_s(fn: Callable[[], None], tokens: int) -> float:
     return tokens / (time.perf_counter() - t0)
 
 
-def bench_case(case: Case, cfg: ModelConfig, progress: Callable[[str], None] = lambda _: None) -> dict:
-    torch.manual_seed(0)
-    model = Decoder(cfg, "aligned")
-    tokens = torch.randint(0, cfg.vocab_size, (case.batch, case.seq_len))
-    n = case.batch * (case.seq_len - 1)
+@dataclass
+class _Workload:
+    """One case's model (seeded random weights) and tokens, and its two timed passes."""
 
-    def fwd_bwd() -> None:
-        model.zero_grad(set_to_none=True)
-        token_logprobs(model, tokens).mean().backward()
+    model: Decoder
+    tokens: torch.Tensor
 
-    def fwd() -> None:
+    @classmethod
+    def build(cls, case: Case, kernels: str) -> _Workload:
+        torch.manual_seed(0)
+        model = Decoder(SHAPES[case.shape], kernels)
+        return cls(model, torch.randint(0, model.config.vocab_size, (case.batch, case.seq_len)))
+
+    @property
+    def num_tokens(self) -> int:
+        return self.tokens.shape[0] * (self.tokens.shape[1] - 1)
+
+    def fwd_bwd(self) -> None:
+        self.model.zero_grad(set_to_none=True)
+        token_logprobs(self.model, self.tokens).mean().backward()
+
+    def fwd(self) -> None:
         with torch.no_grad():
-            token_logprobs(model, tokens)
+            token_logprobs(self.model, self.tokens)
+
+
+def bench_case(case: Case, progress: Callable[[str], None] = lambda _: None) -> dict:
+    work = _Workload.build(case, "aligned")
+    model, n = work.model, work.num_tokens
+    fwd_bwd, fwd = work.fwd_bwd, work.fwd
 
     results: dict[str, dict[str, list[float]]] = {"fwd_bwd": {}, "fwd": {}}
     for r in range(case.rounds + 1):  # round 0 warms up both modes
@@ -78,16 +94,8 @@ def bench_case(case: Case, cfg: ModelConfig, progress: Callable[[str], None] = l
 
 def _standard_fwd_bwd(case: Case) -> list[float]:
     """Standard-mode fwd+bwd tokens/s of each round after a warm-up (in this process)."""
-    torch.manual_seed(0)
-    model = Decoder(SHAPES[case.shape], "standard")
-    tokens = torch.randint(0, model.config.vocab_size, (case.batch, case.seq_len))
-
-    def fwd_bwd() -> None:
-        model.zero_grad(set_to_none=True)
-        token_logprobs(model, tokens).mean().backward()
-
-    rates = [_tokens_per_s(fwd_bwd, case.batch * (case.seq_len - 1)) for _ in range(case.rounds + 1)]
-    return rates[1:]
+    work = _Workload.build(case, "standard")
+    return [_tokens_per_s(work.fwd_bwd, work.num_tokens) for _ in range(case.rounds + 1)][1:]
 
 
 CNR_SETTINGS = {"strict": "AUTO,STRICT", "off": "AUTO"}
@@ -114,7 +122,7 @@ def run(shapes: list[str] | None = None, progress: Callable[[str], None] = lambd
     cases = [c for c in CASES if shapes is None or c.shape in shapes]
     return {
         "threads": torch.get_num_threads(),
-        "cases": [bench_case(c, SHAPES[c.shape], progress) for c in cases],
+        "cases": [bench_case(c, progress) for c in cases],
         # the 0.5B shape would take minutes per process; the tiny one shows the GEMM setting's cost
         "mkl_strict_cnr_cost": [cnr_cost(c, progress=progress) for c in cases if c.shape == "tiny"],
     }
