@@ -33,7 +33,7 @@ from parity.engine.scheduler import Batch, Scheduler
 from parity.engine.sequence import Sequence, Status
 from parity.engine.stopping import Detokenizer, finish_reason
 from parity.engine.weights import apply_update, check_update
-from parity.model import ATTENTION_ROW_MULTIPLE, Decoder, SeqLayout
+from parity.model import Decoder, SeqLayout
 
 
 class EngineInputError(ValueError):
@@ -212,9 +212,8 @@ class Engine:
         for seq, n in zip(batch.seqs, batch.num_new, strict=True):
             flat += seq.tokens[seq.num_computed : seq.num_computed + n]
         layout = SeqLayout.from_lengths(batch.num_new, [s.num_computed for s in batch.seqs])
-        heads = self.model.config.num_attention_heads
-        rows = [-(-n // ATTENTION_ROW_MULTIPLE) * ATTENTION_ROW_MULTIPLE for n in batch.num_new]
-        scores = sum(r * heads * layout.max_kv_len for r in rows)
+        cfg = self.model.config
+        scores = layout.attention_scores(cfg.num_attention_heads, cfg.kv_heads)
         self.peak_attention_scores = max(self.peak_attention_scores, scores)
         kv = PagedKV.build(self.pool, [s.block_table for s in batch.seqs], layout)
         with torch.no_grad():

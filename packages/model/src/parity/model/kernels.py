@@ -187,6 +187,10 @@ class SeqLayout:
     def _groups(self) -> dict[int, list[_Group]]:
         return {}
 
+    def attention_scores(self, heads: int, kv_heads: int) -> int:
+        """Attention score elements (padded query rows x query heads x keys) of one layer."""
+        return sum(grp.rows.numel() * heads * grp.kv_len for grp in self.groups(heads // kv_heads))
+
     def _make_groups(self, g_heads: int) -> list[_Group]:
         buckets: dict[tuple[int, int], list[tuple[int, int, int, int]]] = {}
         for s, (start, n, kv) in enumerate(zip(self.starts, self.lengths, self.kv_lens, strict=True)):
