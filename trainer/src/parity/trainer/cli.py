@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import typer
 
-from parity.engine.cli import audit, bench_engine
+from parity.engine.cli import bench_engine
 from parity.envs.cli import app as envs_app
 from parity.envs.desktop.cli import bench_desktop
 from parity.model.cli import bench_learner
 from parity.sandboxes.cli import app as sandbox_app
 from parity.sandboxes.cli import bench_sandbox
-from parity.trainer.commands import bench_async, eval_checkpoint, profile, train
+from parity.trainer.commands import audit, bench_async, eval_checkpoint, profile, train
 
 app = typer.Typer(
     name="parity",

@@ -1,4 +1,4 @@
-"""`parity train`, `eval`, `profile` and `bench async`. Heavy imports stay inside."""
+"""`parity train`, `eval`, `profile`, `audit` and `bench async`. Heavy imports stay inside."""
 
 from __future__ import annotations
 
@@ -33,6 +33,66 @@ def train(
         typer.echo(f"parity train: {e}", err=True)
         raise typer.Exit(2) from None
     _print_summary(summary, run_dir)
+
+
+def audit(
+    model: Annotated[list[Path] | None, typer.Option(
+        "--model", help="An HF model directory to audit (repeatable).")] = None,
+    shape: Annotated[list[str] | None, typer.Option(
+        "--shape", help="A named random shape to audit (repeatable): tiny, qwen3-small, "
+        "llama-wide, test, qwen2-0.5b. Default, with no --model: tiny, qwen3-small and "
+        "llama-wide.")] = None,
+    kernels: Annotated[str, typer.Option("--kernels", help="aligned or standard")] = "aligned",
+    json_: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    seed: Annotated[int, typer.Option("--seed", help="Seeds prompts and sampling.")] = 0,
+    ray_address: Annotated[str | None, typer.Option(
+        "--ray-address", help="Also run a fixed probe on every node of this Ray cluster and "
+        "compare their bits.")] = None,
+) -> None:
+    """Engine vs learner logprobs, bit for bit, in 16 scenarios per model.
+
+    Exit 0 when the mode shows what it must: aligned, every model bit-identical on a
+    conclusive audit (enough uncertain tokens) and, with --ray-address, every node agreeing;
+    standard, differences in every model. Exit 1 otherwise, 2 on bad input."""
+    from parity.engine.audit import audit_models
+    from parity.engine.cli import audit_targets, render_audit
+    from parity.model import ModelConfigError, WeightsError
+
+    if kernels not in ("aligned", "standard"):
+        typer.echo(f"parity audit: --kernels must be 'aligned' or 'standard', not {kernels!r}",
+                   err=True)
+        raise typer.Exit(2)
+    try:
+        targets = audit_targets(model or [], shape or [], kernels)
+        report = audit_models(targets, kernels, seed)
+        if ray_address:
+            report["cluster"] = _audit_cluster(ray_address, model or [], shape or [])
+            report["passed"] = report["passed"] and report["cluster"]["agree"]
+    except (ValueError, ModelConfigError, WeightsError, FileNotFoundError) as e:
+        typer.echo(f"parity audit: {e}", err=True)
+        raise typer.Exit(2) from None
+    if json_:
+        typer.echo(json.dumps(report, indent=2))
+    else:
+        render_audit(report)
+        if ray_address:
+            c = report["cluster"]
+            for name, m in c["models"].items():
+                state = "nodes agree" if m["disagreement"] is None else f"DISAGREE: {m['disagreement']}"
+                typer.echo(f"{name} on {c['nodes']} node(s) of {c['address']}: {state}")
+    if not report["passed"]:
+        raise typer.Exit(1)
+
+
+def _audit_cluster(address: str, model_dirs: list[Path], shapes: list[str]) -> dict:
+    """The multi-node probe for the audited models' configs (shapes suffice: no weights)."""
+    from parity.engine.shapes import AUDIT_SHAPES, SHAPES
+    from parity.model import ModelConfig
+    from parity.trainer.nodes import probe_cluster
+
+    configs = {str(d): ModelConfig.from_pretrained(d) for d in model_dirs}
+    configs.update({s: SHAPES[s] for s in shapes or ([] if model_dirs else AUDIT_SHAPES)})
+    return probe_cluster(address, configs)
 
 
 def _print_summary(s: dict, run_dir: Path) -> None:

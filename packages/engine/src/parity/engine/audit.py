@@ -6,11 +6,16 @@ state, preemption, threads, weight version ...) and compares each recorded logpr
 same weights and the same tokens, or, for decode vs prefill, with the engine's own prefill
 of the same prefix. In aligned kernel mode every scenario must be bit-identical; in
 standard mode several are expected to differ (the audit can fail).
+
+An audit is only as good as the distributions it compares: a saturated softmax (logprobs of
+0) hides every difference. Each result counts the compared tokens that carry real
+uncertainty (logprob < UNCERTAIN), and a report with too few of them is inconclusive.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
@@ -18,10 +23,14 @@ import torch
 from parity.core.types import Completion, SamplingParams
 from parity.engine.config import EngineConfig
 from parity.engine.engine import Engine
-from parity.model import KV_TILE, Decoder, token_logprobs
+from parity.model import KV_TILE, AlignmentError, Decoder, token_logprobs
+from parity.model.selfcheck import machine, verify
 
 TEMPERATURE = 0.8
 BLOCK = 16
+UNCERTAIN = -0.1  # a token whose logprob is below this has visible probability elsewhere
+MIN_UNCERTAIN_FRACTION = 0.1  # of compared tokens, for a conclusive audit
+MIN_UNCERTAIN_TOKENS = 20
 
 
 @dataclass
@@ -30,6 +39,8 @@ class ScenarioResult:
     tokens_compared: int
     max_abs_diff: float
     bitwise_equal: bool
+    uncertain_tokens: int = 0  # compared tokens with logprob < UNCERTAIN
+    tokens_differing: int = 0
 
 
 @dataclass
@@ -65,12 +76,16 @@ def learner_logprobs(model: Decoder, cases: list[Case]) -> list[torch.Tensor]:
 
 
 def compare(name: str, a: list[torch.Tensor], b: list[torch.Tensor]) -> ScenarioResult:
+    """Engine-side values `a` against reference values `b`, token by token."""
     x = torch.cat([t.float().flatten() for t in a])
     y = torch.cat([t.float().flatten() for t in b])
+    uncertain = int((y < UNCERTAIN).sum())
     if x.shape != y.shape:
-        return ScenarioResult(name, int(min(x.numel(), y.numel())), float("inf"), False)
-    diff = float((x - y).abs().max()) if x.numel() else 0.0
-    return ScenarioResult(name, int(x.numel()), diff, bool(torch.equal(x, y)))
+        n = int(min(x.numel(), y.numel()))
+        return ScenarioResult(name, n, float("inf"), False, uncertain, n)
+    diff = (x - y).abs()
+    return ScenarioResult(name, int(x.numel()), float(diff.max()) if x.numel() else 0.0,
+                          bool(torch.equal(x, y)), uncertain, int((diff > 0).sum()))
 
 
 def check_cases(name: str, model: Decoder, cases: list[Case]) -> ScenarioResult:
@@ -277,8 +292,52 @@ def run_audit(model: Decoder, seed: int = 0) -> dict:
     """Every scenario on `model` (in its current kernel mode); the JSON-ready report."""
     auditor = Auditor(model, seed)
     results = [asdict(auditor.run_scenario(sid)) for sid in SCENARIOS]
+    compared = sum(r["tokens_compared"] for r in results)
+    uncertain = sum(r["uncertain_tokens"] for r in results)
     return {
         "kernels": model.kernels.mode,
         "scenarios": results,
+        "tokens_compared": compared,
+        "uncertain_tokens": uncertain,
+        "conclusive": uncertain >= max(MIN_UNCERTAIN_TOKENS, MIN_UNCERTAIN_FRACTION * compared),
         "all_bitwise_equal": all(r["bitwise_equal"] for r in results),
+    }
+
+
+def audit_models(models: list[tuple[str, Callable[[], Decoder]]], kernels: str, seed: int = 0,
+                 progress: Callable[[str], None] = lambda _: None) -> dict:
+    """`run_audit` on each (name, build) model; the JSON-ready report of them all.
+
+    `passed` is the outcome each mode must show: aligned, every model bit-identical on a
+    conclusive audit (and its start-up proof passed); standard, every model showing
+    differences on a conclusive audit — an audit that finds none cannot fail."""
+    entries = []
+    for name, build in models:
+        progress(name)
+        entry: dict = {"model": name}
+        try:
+            model = build()
+        except AlignmentError as e:  # the start-up proof refused aligned kernels here
+            entry.update(error=str(e), all_bitwise_equal=False, conclusive=False, passed=False)
+            entries.append(entry)
+            continue
+        cfg = model.config
+        entry.update(family=cfg.model_type, params=sum(p.numel() for p in model.parameters()),
+                     hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+                     heads=cfg.num_attention_heads, kv_heads=cfg.kv_heads)
+        if kernels == "aligned":
+            v = verify(cfg)
+            entry["selfcheck"] = {"ok": v.ok, "checks": v.checks, "seconds": v.seconds,
+                                  "threads": v.threads, "cached": v.cached}
+        entry.update(run_audit(model, seed))
+        same = entry["all_bitwise_equal"]
+        entry["passed"] = entry["conclusive"] and (same if kernels == "aligned" else not same)
+        entries.append(entry)
+    return {
+        "kernels": kernels,
+        "machine": machine(),
+        "models": entries,
+        "all_bitwise_equal": all(e["all_bitwise_equal"] for e in entries),
+        "conclusive": all(e["conclusive"] for e in entries),
+        "passed": all(e["passed"] for e in entries),
     }

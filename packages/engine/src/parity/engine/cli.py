@@ -1,46 +1,67 @@
-"""`parity audit` and `parity bench engine`."""
+"""`parity bench engine`, and the pieces of `parity audit` (assembled by the trainer's CLI,
+which adds the multi-node probe)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+if TYPE_CHECKING:
+    from parity.model import Decoder
 
-def audit(
-    model: Annotated[
-        Path | None, typer.Option("--model", help="HF model directory (default: a random tiny Qwen2).")
-    ] = None,
-    kernels: str = typer.Option("aligned", "--kernels", help="aligned or standard"),
-    json_: bool = typer.Option(False, "--json", help="Print the report as JSON."),
-    seed: int = typer.Option(0, "--seed", help="Seeds prompts and sampling."),
-) -> None:
-    """Compare engine and learner per-token logprobs bit for bit; exit 1 if aligned mode differs."""
-    if kernels not in ("aligned", "standard"):
-        typer.echo(f"--kernels must be 'aligned' or 'standard', not {kernels!r}", err=True)
-        raise typer.Exit(2)
-    from parity.engine.audit import run_audit
-    from parity.engine.shapes import random_model
-    from parity.model import ModelConfigError, WeightsError, load_model
 
-    try:
-        decoder = load_model(model, kernels=kernels) if model else random_model("tiny", kernels)
-    except (ModelConfigError, WeightsError) as e:
-        typer.echo(f"parity audit: {e}", err=True)
-        raise typer.Exit(2) from None
-    report = run_audit(decoder, seed)
-    if json_:
-        typer.echo(json.dumps(report, indent=2))
-    else:
-        typer.echo(f"kernels: {report['kernels']}")
-        for r in report["scenarios"]:
+def audit_targets(model_dirs: list[Path], shapes: list[str], kernels: str
+                  ) -> list[tuple[str, Callable[[], Decoder]]]:
+    """(name, build) of each model to audit: the directories given, then the named random
+    shapes; with neither, the default audit shapes. Raises ValueError naming a bad one."""
+    from parity.engine.shapes import AUDIT_SHAPES, SHAPES, random_model
+    from parity.model import load_model
+
+    bad = [s for s in shapes if s not in SHAPES]
+    if bad:
+        raise ValueError(f"--shape {bad[0]!r} is not a known shape ({', '.join(SHAPES)})")
+    if not model_dirs and not shapes:
+        shapes = list(AUDIT_SHAPES)
+    return [(str(d), lambda d=d: load_model(d, kernels=kernels)) for d in model_dirs] + \
+           [(s, lambda s=s: random_model(s, kernels)) for s in shapes]
+
+
+def render_audit(report: dict) -> None:
+    """The audit report as text: per model its proof, scenarios and token counts; a verdict."""
+    from parity.engine.audit import UNCERTAIN
+
+    m = report["machine"]
+    typer.echo(f"parity audit: {report['kernels']} kernels on {m['cpu']} ({m['torch_capability']}), "
+               f"{m['mkl_mode'] or m['blas']}")
+    for e in report["models"]:
+        if "error" in e:
+            typer.echo(f"\n{e['model']}: REFUSED  {e['error']}")
+            continue
+        proof = e.get("selfcheck")
+        head = f"\n{e['model']} ({e['family']}, {e['params'] / 1e6:.1f}M params, " \
+               f"{e['heads']}/{e['kv_heads']} heads, K up to {max(e['hidden_size'], e['intermediate_size'])})"
+        if proof:
+            took = "cached" if proof["cached"] else f"{proof['seconds']:.1f} s"
+            head += (f"  start-up proof: {'ok' if proof['ok'] else 'FAILED'} "
+                     f"({proof['checks']} checks, {took})")
+        typer.echo(head)
+        for r in e["scenarios"]:
             mark = "equal " if r["bitwise_equal"] else "DIFFER"
-            typer.echo(f"  {mark}  max|diff| {r['max_abs_diff']:.3g}  tokens {r['tokens_compared']:5d}  {r['name']}")
-        typer.echo(f"all bitwise equal: {report['all_bitwise_equal']}")
-    if kernels == "aligned" and not report["all_bitwise_equal"]:
-        raise typer.Exit(1)
+            typer.echo(f"  {mark}  max|diff| {r['max_abs_diff']:<9.3g} tokens {r['tokens_compared']:4d} "
+                       f"(uncertain {r['uncertain_tokens']:4d})  {r['name']}")
+        n, u = e["tokens_compared"], e["uncertain_tokens"]
+        verdict = "bit-identical" if e["all_bitwise_equal"] else "differences found"
+        typer.echo(f"  {verdict}; {n} tokens compared, {u} with logprob < {UNCERTAIN} ({u / max(n, 1):.0%})"
+                   + ("" if e["conclusive"] else "  INCONCLUSIVE: too few uncertain tokens "
+                      "(a saturated softmax hides differences)"))
+    expect = ("every model bit-identical on a conclusive audit" if report["kernels"] == "aligned"
+              else "differences found in every model, on a conclusive audit")
+    typer.echo(f"\n{'passed' if report['passed'] else 'FAILED'}: {expect}"
+               + ("" if report["passed"] else " — not so"))
 
 
 def bench_engine(

@@ -1,15 +1,17 @@
-"""MKL's strict CNR mode: what makes every fp32 GEMM row- and thread-invariant on CPU.
+"""What this process's BLAS is and how it runs: MKL's version and its CNR mode.
 
-By default MKL picks a GEMM kernel by shape and thread count, so a row's bits depend on how
-many rows share the call (measured: 638 of 1,812 probed row counts, shapes and thread counts
-differed). In strict conditional-numerical-reproducibility mode (`MKL_CBWR=<branch>,STRICT`)
-MKL keeps one reduction order per output element whatever the row count, row offset and
-thread count (0 of the same 1,812 differ), at no measurable cost (`docs/parity.md`).
+MKL's conditional-numerical-reproducibility (CNR) mode fixes the code branch MKL uses, and in
+strict mode (`MKL_CBWR=<branch>,STRICT`) Intel documents one reduction order per output
+element whatever the thread count, on Intel processors. `parity.model` sets
+`MKL_CBWR=AUTO,STRICT` on import unless the variable is set already (MKL reads it once, at its
+first call; Ray workers inherit it): on Intel it is what keeps GEMMs thread-count invariant.
 
-MKL reads the mode once, at its first call. `parity.model` sets `MKL_CBWR=AUTO,STRICT` on
-import unless the variable is set already; Ray workers inherit it. AUTO picks the code
-branch of the CPU at hand, so learner and rollout workers on different CPU generations must
-all pin one branch instead (for example `MKL_CBWR=AVX2,STRICT`).
+It is a help, not the guarantee. On AMD (measured on Zen 3 and Zen 4) strict mode still
+computes calls of 1-3 rows on other paths, and MKL ignores a pinned branch there. Aligned
+kernels therefore pad every GEMM's rows to `ROW_TILE` (`parity.model.kernels`), and
+`parity.model.selfcheck` proves row and thread invariance on the machine at hand before
+aligned kernels serve. This module only reports what MKL does, for those checks and for the
+benchmarks' JSON.
 """
 
 from __future__ import annotations
@@ -21,35 +23,57 @@ import os
 DEFAULT_MODE = "AUTO,STRICT"
 _STRICT_BIT = 0x10000  # MKL_CBWR_STRICT
 _ALL = -1  # MKL_CBWR_ALL: ask for the branch and the strict bit together
+_BRANCHES = {
+    0: "OFF", 1: "BRANCH_OFF", 2: "AUTO", 3: "COMPATIBLE", 4: "SSE2", 6: "SSSE3", 7: "SSE4_1",
+    8: "SSE4_2", 9: "AVX", 10: "AVX2", 11: "AVX512_MIC", 12: "AVX512", 13: "AVX512_MIC_E1",
+    14: "AVX512_E1",
+}
 
 
 @functools.cache
-def cnr_mode() -> int | None:
-    """MKL's CNR mode bits as MKL reports them; None when torch's BLAS is not MKL."""
-    import torch  # after parity.model has set MKL_CBWR
+def _mkl() -> ctypes.CDLL | None:
+    import torch
 
     try:
         lib = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
-        get = lib.mkl_serv_cbwr_get
+        lib.mkl_serv_cbwr_get.argtypes, lib.mkl_serv_cbwr_get.restype = [ctypes.c_int], ctypes.c_int
     except (OSError, AttributeError):
         return None
-    get.argtypes, get.restype = [ctypes.c_int], ctypes.c_int
-    return int(get(_ALL))
+    return lib
 
 
-@functools.cache
-def require_strict_cnr() -> None:
-    """Raise unless MKL runs in strict CNR mode (checked once per process)."""
-    mode = cnr_mode()
-    if mode is None:
-        raise RuntimeError(
-            "aligned kernels need torch's MKL BLAS in strict CNR mode, and this torch build "
-            "has no MKL; use kernels='standard'"
-        )
-    if not mode & _STRICT_BIT:
-        raise RuntimeError(
-            f"aligned kernels need MKL's strict CNR mode, but MKL runs in mode {mode:#x} "
-            f"(MKL_CBWR={os.environ.get('MKL_CBWR', '<unset>')!r}): MKL reads MKL_CBWR at its "
-            f"first call, so import parity.model before torch's first matrix product, or set "
-            f"MKL_CBWR={DEFAULT_MODE} in the environment"
-        )
+def _branch_name(bits: int) -> str:
+    name = _BRANCHES.get(bits & 0xFFFF, f"branch {bits & 0xFFFF}")
+    return f"{name},STRICT" if bits & _STRICT_BIT else name
+
+
+def cnr_mode() -> int | None:
+    """MKL's CNR mode bits as MKL reports them; None when torch's BLAS is not MKL.
+
+    MKL settles its mode at its first call: ask after a GEMM has run."""
+    lib = _mkl()
+    return None if lib is None else int(lib.mkl_serv_cbwr_get(_ALL))
+
+
+def is_strict(mode: int | None) -> bool:
+    return mode is not None and bool(mode & _STRICT_BIT)
+
+
+def describe() -> dict[str, str | None]:
+    """The BLAS in a few readable fields (for error messages, reports and caches)."""
+    import torch
+
+    lib = _mkl()
+    if lib is None:
+        return {"blas": "not MKL", "mkl_cbwr": None, "mkl_mode": None, "mkl_auto_branch": None}
+    torch.mm(torch.ones(8, 8), torch.ones(8, 8))  # MKL reports its mode once it has run
+    buf = ctypes.create_string_buffer(256)
+    lib.MKL_Get_Version_String(buf, len(buf))
+    auto = lib.mkl_serv_cbwr_get_auto_branch
+    auto.restype = ctypes.c_int
+    return {
+        "blas": buf.value.decode(errors="replace").strip(),
+        "mkl_cbwr": os.environ.get("MKL_CBWR"),
+        "mkl_mode": _branch_name(cnr_mode() or 0),
+        "mkl_auto_branch": _branch_name(int(auto())),
+    }

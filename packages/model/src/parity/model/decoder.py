@@ -16,6 +16,7 @@ from torch import nn
 from parity.model.config import ModelConfig
 from parity.model.kernels import KernelMode, Kernels, SeqLayout, get_kernels
 from parity.model.rope import RotaryTable, apply_rotary
+from parity.model.selfcheck import require_alignment
 
 
 class KVStore(Protocol):
@@ -106,7 +107,11 @@ class Body(nn.Module):
 
 
 class Decoder(nn.Module):
-    """A causal decoder whose reducing ops come from `kernels` ("aligned" or "standard")."""
+    """A causal decoder whose reducing ops come from `kernels` ("aligned" or "standard").
+
+    Choosing aligned kernels first proves them on this machine for the model's shapes
+    (`parity.model.selfcheck`, cached per machine) and raises AlignmentError if they are not
+    row-invariant here."""
 
     def __init__(self, cfg: ModelConfig, kernels: KernelMode | str = "aligned") -> None:
         super().__init__()
@@ -114,11 +119,14 @@ class Decoder(nn.Module):
         self.model = Body(cfg)
         if not cfg.tie_word_embeddings:
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.kernels: Kernels = get_kernels(kernels)
         self.rope = RotaryTable(cfg)
+        self.set_kernels(kernels)
 
     def set_kernels(self, mode: KernelMode | str) -> None:
-        self.kernels = get_kernels(mode)
+        kernels = get_kernels(mode)
+        if kernels.mode == "aligned":
+            require_alignment(self.config)
+        self.kernels: Kernels = kernels
 
     @property
     def lm_head_weight(self) -> torch.Tensor:

@@ -2,9 +2,13 @@
 
 `aligned` (the default): every op gives each row the same bits whatever the number of rows
 in the call, the row's position among them, and the thread count. How, on CPU:
-  * GEMMs are plain `F.linear` calls, made row- and thread-invariant by running MKL in its
-    strict CNR mode (`parity.model.blas`, set when `parity.model` is imported); aligned
-    mode refuses to run without it.
+  * GEMMs hand the BLAS one shape class per weight: the rows of every aligned GEMM operand
+    (linear inputs, attention query matrices) are zero-padded to a multiple of ROW_TILE, so
+    no caller ever reaches the special paths BLAS libraries keep for 1-3 row calls (GEMV,
+    small-n kernels) — the paths that made rows differ by batch size on AMD even in MKL's
+    strict CNR mode. That the BLAS then keeps one reduction order per row for every
+    multiple of ROW_TILE, row offset and thread count is proved on this machine, on the
+    model's own shapes, before aligned kernels serve (`parity.model.selfcheck`).
   * Attention visits keys in tiles of `KV_TILE` counted from absolute position 0; the
     softmax max is exact in any order, the per-tile sums reduce a fixed-size last
     dimension, and tiles are combined by a pairwise tree that zero tiles cannot change.
@@ -20,10 +24,6 @@ used as the contrast the parity audit must catch.
 Backward passes need only be correct: aligned ops compute their gradients with ordinary
 multi-threaded torch ops (attention with torch's flash-attention backward, from the output
 and log-normaliser its forward kept).
-
-Strict CNR is process-wide, so in a parity process the standard GEMMs are row-invariant
-too; the standard mode still differs through SDPA, F.silu and rsqrt, and
-`tests/test_kernels.py` shows MKL's GEMMs differ by row count once strict CNR is off.
 """
 
 from __future__ import annotations
@@ -36,11 +36,10 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from parity.model.blas import require_strict_cnr
-
 KernelMode = Literal["aligned", "standard"]
 KERNEL_MODES: tuple[KernelMode, ...] = ("aligned", "standard")
-ATTENTION_ROW_MULTIPLE = 8
+ROW_TILE = 8  # rows of every aligned GEMM operand are a multiple of this
+ATTENTION_ROW_MULTIPLE = 8  # prefill pieces round their rows up to this (fewer buckets)
 KV_TILE = 64
 QUERY_CHUNK = 64  # query rows per attention piece (see SeqLayout.groups)
 _EXP_FLOOR = -80.0  # e^-80 ~ 1.8e-35: a normal float, far below a sum's last bit
@@ -53,10 +52,21 @@ def _round_up(n: int, m: int) -> int:
 # ----------------------------------------------------------------------------- GEMM
 
 
+def pad_rows(x: torch.Tensor, dim: int = 0) -> torch.Tensor:
+    """x with zero rows appended along `dim` up to a multiple of ROW_TILE (x itself if none)."""
+    pad = -x.shape[dim] % ROW_TILE
+    if not pad:
+        return x
+    shape = list(x.shape)
+    shape[dim] = pad
+    return torch.cat([x, x.new_zeros(shape)], dim)
+
+
 def _linear_aligned(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    # Row-invariant because MKL runs in strict CNR mode (parity.model.blas), not by its shape.
-    require_strict_cnr()
-    return F.linear(x, w, b)
+    # The BLAS sees a multiple of ROW_TILE rows whatever the caller's count (module docstring).
+    flat = x.reshape(-1, x.shape[-1])
+    y = F.linear(pad_rows(flat).contiguous(), w, b)
+    return y[: flat.shape[0]].reshape(*x.shape[:-1], w.shape[0])
 
 
 # ----------------------------------------------------------------------------- norms, MLP
@@ -175,7 +185,8 @@ class SeqLayout:
 
         Each sequence's rows are cut into pieces of at most QUERY_CHUNK rows; a piece visits
         only the key tiles its last row can see (causal tiles are skipped, not masked), and a
-        decode step is not padded to a prefill. Pieces are bucketed by padded row count and
+        decode step is not padded to a prefill (its query matrix, one row per query head,
+        is padded to ROW_TILE rows at the matrix level). Pieces are bucketed by row count and
         by their key tile count rounded up to a power of two, which bounds both the wasted
         tiles (< 2x) and the number of buckets. Skipped tiles would only add exact zeros.
         """
@@ -188,8 +199,9 @@ class SeqLayout:
         return {}
 
     def attention_scores(self, heads: int, kv_heads: int) -> int:
-        """Attention score elements (padded query rows x query heads x keys) of one layer."""
-        return sum(grp.rows.numel() * heads * grp.kv_len for grp in self.groups(heads // kv_heads))
+        """Attention score elements (padded query-matrix rows x KV heads x keys) of one layer."""
+        return sum(grp.rows.shape[0] * kv_heads * grp.matrix_rows * grp.kv_len
+                   for grp in self.groups(heads // kv_heads))
 
     def _make_groups(self, g_heads: int) -> list[_Group]:
         buckets: dict[tuple[int, int], list[tuple[int, int, int, int]]] = {}
@@ -198,7 +210,7 @@ class SeqLayout:
                 rows = min(QUERY_CHUNK, n - a)
                 keys = kv - (n - a - rows)  # what the piece's last row sees
                 tiles = 1 << (-(-keys // KV_TILE) - 1).bit_length()
-                buckets.setdefault((_query_rows(rows, g_heads), tiles), []).append((s, start + a, rows, keys))
+                buckets.setdefault((_query_rows(rows), tiles), []).append((s, start + a, rows, keys))
         out = []
         for (rpad, _), pieces in sorted(buckets.items()):
             seqs, first, n, keys = (list(c) for c in zip(*pieces, strict=True))
@@ -214,16 +226,14 @@ class SeqLayout:
         return out
 
 
-def _query_rows(n: int, g_heads: int) -> int:
-    """Rows a piece of n query rows is padded to (the query matrix has g_heads times as many).
+def _query_rows(n: int) -> int:
+    """Rows a piece of n query rows is padded to (by repeating its first row).
 
     A decode step keeps its single row; longer pieces round up to ATTENTION_ROW_MULTIPLE so
-    that pieces of similar length share a bucket. MKL's batched GEMM takes another path for
-    1-row matrices, so a query matrix never has fewer than 2 rows.
+    that pieces of similar length share a bucket. Either way the query matrix (G rows per
+    piece row) is then zero-padded to a multiple of ROW_TILE for the GEMMs.
     """
-    if n == 1 and g_heads >= 2:
-        return 1
-    return _round_up(n, ATTENTION_ROW_MULTIPLE)
+    return 1 if n == 1 else _round_up(n, ATTENTION_ROW_MULTIPLE)
 
 
 @dataclass
@@ -241,6 +251,11 @@ class _Group:
     def __post_init__(self) -> None:
         self.out_rows = self.rows[self.valid]
 
+    @property
+    def matrix_rows(self) -> int:
+        """Rows of each query matrix the GEMMs see: G*R real ones padded to ROW_TILE."""
+        return _round_up(self.g_heads * self.rows.shape[1], ROW_TILE)
+
     def visible(self, heads: int) -> torch.Tensor:
         """[g, 1, heads*R, L] True where a key is visible: key position <= query position."""
         keys = torch.arange(self.kv_len)
@@ -249,13 +264,19 @@ class _Group:
 
     @cached_property
     def hidden(self) -> torch.Tensor:
-        """[g, 1, G*R, L] the keys each row of the query matrix must not see (every layer's)."""
-        return ~self.visible(self.g_heads)
+        """[g, 1, matrix_rows, L] the keys each query-matrix row must not see (every layer's).
+        Padding rows (zero queries) see what the first row sees: finite, then dropped."""
+        vis = self.visible(self.g_heads)
+        pad = self.matrix_rows - vis.shape[2]
+        if pad:
+            vis = torch.cat([vis, vis[:, :, :1].expand(-1, -1, pad, -1)], dim=2)
+        return ~vis
 
     @cached_property
     def bias(self) -> torch.Tensor:
-        """`hidden` as an additive mask: -inf where hidden, 0 elsewhere."""
-        return torch.zeros(self.hidden.shape).masked_fill_(self.hidden, float("-inf"))
+        """`hidden` of the real rows as an additive mask: -inf where hidden, 0 elsewhere."""
+        hidden = self.hidden[:, :, : self.g_heads * self.rows.shape[1]]
+        return torch.zeros(hidden.shape).masked_fill_(hidden, float("-inf"))
 
 
 def tree_sum(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -299,11 +320,12 @@ def _gather_group(
 
 
 def _scatter_group(out: torch.Tensor, og: torch.Tensor, grp: _Group) -> None:
+    """Write the real rows of per-KV-head matrices og [g, Hkv, >= G*R, D] back to out [N, Hq, D]."""
     n_seq, r = grp.rows.shape
     hq, d = out.shape[1], out.shape[2]
     hkv = og.shape[1]
-    og = og.view(n_seq, hkv, hq // hkv, r, d).permute(0, 3, 1, 2, 4).reshape(n_seq, r, hq, d)
-    out[grp.out_rows] = og[grp.valid]
+    og = og[:, :, : (hq // hkv) * r].reshape(n_seq, hkv, hq // hkv, r, d)
+    out[grp.out_rows] = og.permute(0, 3, 1, 2, 4).reshape(n_seq, r, hq, d)[grp.valid]
 
 
 def _attention_aligned_fwd(
@@ -316,18 +338,20 @@ def _attention_aligned_fwd(
     lses = []
     for grp in layout.groups(g_heads):
         qg, kg, vg = _gather_group(q * scale, k, v, grp)
-        s = torch.matmul(qg, kg.transpose(-1, -2)).masked_fill_(grp.hidden, float("-inf"))  # [g,Hkv,GR,L]
+        real = qg.shape[2]  # G*R
+        qg = pad_rows(qg, dim=2)  # [g, Hkv, MR, D], MR = matrix_rows: the GEMMs' row class
+        s = torch.matmul(qg, kg.transpose(-1, -2)).masked_fill_(grp.hidden, float("-inf"))  # [g,Hkv,MR,L]
         m = s.amax(-1, keepdim=True)
         # MKL's exp takes a slow path when its result underflows; below e^-80 a key's weight
         # is lost in the sum anyway, and hidden keys are zeroed exactly after the exp.
         p = s.sub_(m).clamp_(min=_EXP_FLOOR).exp_().masked_fill_(grp.hidden, 0.0)
         tiles = grp.kv_len // KV_TILE
-        pt = p.unflatten(-1, (tiles, KV_TILE))  # [g, Hkv, GR, T, KT]
-        denom = tree_sum(pt.sum(-1), dim=-1).unsqueeze(-1)  # [g, Hkv, GR, 1]
-        pv = torch.matmul(pt.transpose(2, 3), vg.unflatten(2, (tiles, KV_TILE)))  # [g,Hkv,T,GR,D]
+        pt = p.unflatten(-1, (tiles, KV_TILE))  # [g, Hkv, MR, T, KT]
+        denom = tree_sum(pt.sum(-1), dim=-1).unsqueeze(-1)  # [g, Hkv, MR, 1]
+        pv = torch.matmul(pt.transpose(2, 3), vg.unflatten(2, (tiles, KV_TILE)))  # [g,Hkv,T,MR,D]
         _scatter_group(out, tree_sum(pv, dim=2) / denom, grp)
         if keep_lse:
-            lses.append((m + denom.log()).squeeze(-1))
+            lses.append((m + denom.log()).squeeze(-1)[..., :real])
     return out, lses
 
 

@@ -1,0 +1,82 @@
+"""One job, one arithmetic: a fixed probe on every node that hosts the learner or a rollout
+worker, compared across nodes.
+
+Each process proves its own aligned kernels row-invariant (`parity.model.selfcheck`). Two
+machines can each pass and still round differently — another CPU generation, BLAS branch or
+torch dispatch level — and then the engine's logprobs differ from the learner's although
+both sides are "aligned". `local_probe` computes the kernels' fingerprint for a model's
+shapes where it runs; `disagreement` turns a set of probes into the error `parity train`
+refuses to start with (or, with `train.node_mismatch = "warn"`, the warning it prints),
+and `probe_cluster` runs the probe on every alive node of a cluster for `parity audit`.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+from parity.model import ModelConfig
+
+
+def local_probe(cfg: ModelConfig) -> dict[str, Any]:
+    """This process's fingerprint of aligned kernels at `cfg`'s shapes, its proof and machine."""
+    from parity.model.selfcheck import fingerprint, machine, verify
+
+    node = ""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            node = ray.get_runtime_context().get_node_id()
+    except ImportError:
+        pass
+    proof = verify(cfg)
+    m = machine()
+    return {"host": socket.gethostname(), "node_id": node, "pid": os.getpid(),
+            "cpu": m["cpu"], "isa": m["isa"], "torch_capability": m["torch_capability"],
+            "blas": m["mkl_mode"] or m["blas"], "proof_ok": proof.ok, "proof_failure": proof.failure,
+            "fingerprint": fingerprint(cfg)}
+
+
+def _where(p: dict[str, Any]) -> str:
+    return (f"{p['role']} on {p['host']} ({p['cpu']}, torch {p['torch_capability']}, "
+            f"BLAS {p['blas']})")
+
+
+def disagreement(probes: list[dict[str, Any]]) -> str | None:
+    """None if every probe shows one fingerprint; else what differs, where, and the fix.
+    Each probe carries a `role` ("learner", "rollout worker 1", "node 3", ...)."""
+    prints = {p["fingerprint"] for p in probes}
+    if len(prints) <= 1:
+        return None
+    groups = [" and ".join(_where(p) for p in probes if p["fingerprint"] == f) for f in sorted(prints)]
+    return ("aligned kernels give different bits on different nodes of this job: "
+            + "; versus ".join(groups)
+            + ". Each node is row-invariant, but they round differently, so the engine's "
+              "logprobs would not match the learner's. Run the learner and the rollout workers "
+              "on one CPU type and software stack (same torch build, ATEN_CPU_CAPABILITY and "
+              "MKL_CBWR), or set train.node_mismatch = \"warn\" to train anyway with "
+              "is/d3_mismatch measuring the difference.")
+
+
+def probe_cluster(address: str, configs: dict[str, ModelConfig]) -> dict[str, Any]:
+    """`local_probe` of each config on every alive node of the Ray cluster at `address`."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+    if not ray.is_initialized():
+        ray.init(address=address, log_to_driver=False)
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    task = ray.remote(num_cpus=0)(lambda cfgs: {k: local_probe(c) for k, c in cfgs.items()})
+    refs = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
+                         ).remote(configs) for n in nodes]
+    per_node = ray.get(refs, timeout=600)
+    models = {}
+    for name in configs:
+        probes = [{**r[name], "role": f"node {i}"} for i, r in enumerate(per_node)]
+        models[name] = {"probes": probes, "disagreement": disagreement(probes),
+                        "proofs_ok": all(p["proof_ok"] for p in probes)}
+    return {"address": address, "nodes": len(nodes), "models": models,
+            "agree": all(m["disagreement"] is None and m["proofs_ok"] for m in models.values())}
