@@ -34,6 +34,21 @@ def resolve_model_dir(cfg: TrainConfig) -> str:
     return str(EMBEDDED_DIR)
 
 
+def preflight(cfg: TrainConfig, model_dir: str) -> None:
+    """What must hold before any actor starts: aligned kernels proved on this machine for
+    the model's shapes (AlignmentError names what failed). Models that are not parity
+    decoders (config.json parity cannot read) are left to their own loader."""
+    if cfg.model.kernels != "aligned":
+        return
+    from parity.model import ModelConfig, ModelConfigError, require_alignment
+
+    try:
+        model_config = ModelConfig.from_pretrained(model_dir)
+    except ModelConfigError:
+        return
+    require_alignment(model_config)
+
+
 def engine_backend(cfg: TrainConfig) -> Backend:
     """The parity engine on the model at `model.path` (version 0 until weights arrive);
     the kernel mode is the model's."""

@@ -23,6 +23,8 @@ def train(
 ) -> None:
     """Train with asynchronous REINFORCE Zero."""
     from parity.core.config import ConfigError
+    from parity.model import AlignmentError
+    from parity.trainer.nodes import NodeMismatchError
     from parity.trainer.train import load_for_cli, run_training
 
     try:
@@ -32,6 +34,9 @@ def train(
     except (ConfigError, FileNotFoundError) as e:
         typer.echo(f"parity train: {e}", err=True)
         raise typer.Exit(2) from None
+    except (AlignmentError, NodeMismatchError) as e:  # this machine or cluster, not the input
+        typer.echo(f"parity train: {e}", err=True)
+        raise typer.Exit(1) from None
     _print_summary(summary, run_dir)
 
 

@@ -94,6 +94,10 @@ class TrainSection(StrictModel):
     track_mismatch: bool = Field(True, description="recompute logprobs under the rollout's "
                                  "version to split D3 into mismatch and lag")
     ray_address: str = Field("", description="empty: start a local Ray; else a cluster address")
+    node_mismatch: Literal["error", "warn"] = Field(
+        "error", description="when the learner's and a rollout worker's nodes compute aligned "
+        "kernels' bits differently: error (refuse to start) or warn (train; is/d3_mismatch "
+        "measures it)")
 
 
 class EvalSection(StrictModel):

@@ -14,9 +14,14 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from parity.model import ModelConfig
+if TYPE_CHECKING:
+    from parity.model import ModelConfig
+
+
+class NodeMismatchError(RuntimeError):
+    """Nodes of one job compute different bits with aligned kernels; the run does not start."""
 
 
 def local_probe(cfg: ModelConfig) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from parity.core.types import Trajectory
 from parity.trainer.checkpoint import Checkpoint, save_checkpoint
 from parity.trainer.config import TrainConfig
 from parity.trainer.learner import Learner, LogprobFn
+from parity.trainer.nodes import NodeMismatchError, disagreement
 from parity.trainer.rollout import BackendFactory, EpisodeFactory, GroupResult, RolloutWorker
 from parity.trainer.rundir import RunDir
 
@@ -55,6 +56,12 @@ class LearnerActor:
         self.io = io
         self.model_dir = Path(model_dir)
         self.learner = Learner(cfg, io.load(model_dir, cfg.model.kernels), io.logprobs)
+
+    def node_probe(self, model_config: Any) -> dict[str, Any]:
+        """The learner's process: its aligned kernels' fingerprint (parity.trainer.nodes)."""
+        from parity.trainer.nodes import local_probe
+
+        return local_probe(model_config)
 
     def restore(self, ckpt: Checkpoint) -> int:
         self.learner.load_state(ckpt.state["learner"], ckpt.optimizer)
@@ -129,6 +136,8 @@ class Orchestrator:
         self.weights_ref: list[Any] = []
         self.weights_version = 0
         self.spans: list[Span] = []
+        self.model_config = _parity_config(model_dir) if cfg.model.kernels == "aligned" else None
+        self.learner_probe: dict[str, Any] | None = None
 
     # -- workers --------------------------------------------------------------------------
     def _make_worker(self, w: int) -> Any:
@@ -139,9 +148,31 @@ class Orchestrator:
             scheduling_strategy=strategy, max_concurrency=1000,
         ).remote(w, self.cfg, self.backend_factory, self.episode_factory)
         self.worker_version[w] = 0
+        if self.learner_probe is not None:  # a restarted worker may land on another node
+            self._check_nodes([(f"rollout worker {w}", actor)])
         if self.weights_version > 0:
             self._send_weights(w, actor)
         return actor
+
+    def _check_nodes(self, workers: list[tuple[str, Any]]) -> None:
+        """Every node of the job computes aligned kernels' bits alike, or the run stops
+        (`train.node_mismatch = "warn"`: it warns and trains on; is/d3_mismatch measures it)."""
+        if self.model_config is None:
+            return
+        ray = self.ray
+        if self.learner_probe is None:
+            self.learner_probe = {**ray.get(self.learner.node_probe.remote(self.model_config)),
+                                  "role": "learner"}
+        probes = [{**p, "role": role} for p, (role, _) in zip(
+            ray.get([a.node_probe.remote(self.model_config) for _, a in workers]), workers,
+            strict=True)]
+        problem = disagreement([self.learner_probe, *probes])
+        if problem is None:
+            return
+        if self.cfg.train.node_mismatch == "error":
+            raise NodeMismatchError(problem)
+        self.counters["node_mismatch"] = 1
+        print(f"parity train: WARNING: {problem}", file=sys.stderr)
 
     def _send_weights(self, w: int, actor: Any) -> None:
         ref = actor.update_weights.remote(self.weights_ref[0], self.weights_version)
@@ -188,6 +219,7 @@ class Orchestrator:
     def run(self) -> dict[str, Any]:
         ray = self.ray
         self.workers = [self._make_worker(w) for w in range(self.cfg.rollout.workers)]
+        self._check_nodes([(f"rollout worker {w}", a) for w, a in enumerate(self.workers)])
         ray.get(self.learner.publish.remote())  # the learner is up (workers start meanwhile)
         if self.step > 0:
             self._publish()
@@ -314,6 +346,16 @@ class Orchestrator:
             self.cfg.train.keep_checkpoints))
         self.spans.append(Span("checkpoint", "optim", "learner", with_span,
                                time.time() - with_span))
+
+
+def _parity_config(model_dir: str) -> Any:
+    """The model's parity ModelConfig (what node probes run at), or None for other models."""
+    from parity.model import ModelConfig, ModelConfigError
+
+    try:
+        return ModelConfig.from_pretrained(model_dir)
+    except (ModelConfigError, FileNotFoundError):
+        return None
 
 
 def _batch_stats(groups: list[list[Trajectory]]) -> dict[str, float]:

@@ -78,6 +78,12 @@ class RolloutWorker:
     def version(self) -> int:
         return self.backend.version
 
+    def node_probe(self, model_config: Any) -> dict[str, Any]:
+        """This worker's process: its aligned kernels' fingerprint (parity.trainer.nodes)."""
+        from parity.trainer.nodes import local_probe
+
+        return local_probe(model_config)
+
     async def run_group(self, index: int) -> GroupResult:
         """Run the G episodes of group `index` (task seed = env.task_seed + index)."""
         await self._no_update_pending.wait()

@@ -46,6 +46,7 @@ def run_training(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
     from parity.trainer import backends
 
     model_dir = backends.resolve_model_dir(cfg)
+    backends.preflight(cfg, model_dir)
     run = RunDir(run_dir, tensorboard=cfg.output.tensorboard)
     ckpt = None
     if resume:

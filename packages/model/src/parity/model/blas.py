@@ -37,9 +37,19 @@ def _mkl() -> ctypes.CDLL | None:
     try:
         lib = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
         lib.mkl_serv_cbwr_get.argtypes, lib.mkl_serv_cbwr_get.restype = [ctypes.c_int], ctypes.c_int
+        # the C entry point (mkl_set_num_threads_local is the Fortran one, taking a pointer)
+        lib.MKL_Set_Num_Threads_Local.argtypes = [ctypes.c_int]
+        lib.MKL_Set_Num_Threads_Local.restype = ctypes.c_int
     except (OSError, AttributeError):
         return None
     return lib
+
+
+def set_local_threads(n: int) -> int:
+    """MKL threads for GEMMs this thread calls from now on (0: the global count again);
+    returns the previous local setting. A no-op returning 0 when the BLAS is not MKL."""
+    lib = _mkl()
+    return 0 if lib is None else int(lib.MKL_Set_Num_Threads_Local(n))
 
 
 def _branch_name(bits: int) -> str:

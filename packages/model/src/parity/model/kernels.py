@@ -6,9 +6,12 @@ in the call, the row's position among them, and the thread count. How, on CPU:
     (linear inputs, attention query matrices) are zero-padded to a multiple of ROW_TILE, so
     no caller ever reaches the special paths BLAS libraries keep for 1-3 row calls (GEMV,
     small-n kernels) — the paths that made rows differ by batch size on AMD even in MKL's
-    strict CNR mode. That the BLAS then keeps one reduction order per row for every
-    multiple of ROW_TILE, row offset and thread count is proved on this machine, on the
-    model's own shapes, before aligned kernels serve (`parity.model.selfcheck`).
+    strict CNR mode. A linear also runs on at most out_features // COLUMNS_PER_THREAD BLAS
+    threads: split finer, MKL hands threads slivers of output columns narrower than a
+    vector and computes them on other paths (measured on AMD at 2-32 threads). That the
+    BLAS then keeps one reduction order per row for every multiple of ROW_TILE, row offset
+    and thread count is proved on this machine, on the model's own shapes, before aligned
+    kernels serve (`parity.model.selfcheck`).
   * Attention visits keys in tiles of `KV_TILE` counted from absolute position 0; the
     softmax max is exact in any order, the per-tile sums reduce a fixed-size last
     dimension, and tiles are combined by a pairwise tree that zero tiles cannot change.
@@ -36,9 +39,12 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
+from parity.model.blas import set_local_threads
+
 KernelMode = Literal["aligned", "standard"]
 KERNEL_MODES: tuple[KernelMode, ...] = ("aligned", "standard")
 ROW_TILE = 8  # rows of every aligned GEMM operand are a multiple of this
+COLUMNS_PER_THREAD = 64  # an aligned linear runs on at most out_features // this BLAS threads
 ATTENTION_ROW_MULTIPLE = 8  # prefill pieces round their rows up to this (fewer buckets)
 KV_TILE = 64
 QUERY_CHUNK = 64  # query rows per attention piece (see SeqLayout.groups)
@@ -62,11 +68,24 @@ def pad_rows(x: torch.Tensor, dim: int = 0) -> torch.Tensor:
     return torch.cat([x, x.new_zeros(shape)], dim)
 
 
+def _gemm(columns: int, fn: Callable[..., torch.Tensor], *args: torch.Tensor | None) -> torch.Tensor:
+    """fn(*args) on at most columns // COLUMNS_PER_THREAD BLAS threads (at least one), where
+    `columns` counts the call's output columns over all its matrices (module docstring)."""
+    cap = columns // COLUMNS_PER_THREAD
+    if cap >= torch.get_num_threads():
+        return fn(*args)
+    before = set_local_threads(max(cap, 1))
+    try:
+        return fn(*args)
+    finally:
+        set_local_threads(before)
+
+
 def _linear_aligned(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    # The BLAS sees a multiple of ROW_TILE rows whatever the caller's count (module docstring).
-    flat = x.reshape(-1, x.shape[-1])
-    y = F.linear(pad_rows(flat).contiguous(), w, b)
-    return y[: flat.shape[0]].reshape(*x.shape[:-1], w.shape[0])
+    # A multiple of ROW_TILE rows reaches the BLAS whatever the caller's count.
+    flat = pad_rows(x.reshape(-1, x.shape[-1])).contiguous()
+    y = _gemm(w.shape[0], F.linear, flat, w, b)
+    return y[: x.numel() // x.shape[-1]].reshape(*x.shape[:-1], w.shape[0])
 
 
 # ----------------------------------------------------------------------------- norms, MLP
@@ -340,7 +359,9 @@ def _attention_aligned_fwd(
         qg, kg, vg = _gather_group(q * scale, k, v, grp)
         real = qg.shape[2]  # G*R
         qg = pad_rows(qg, dim=2)  # [g, Hkv, MR, D], MR = matrix_rows: the GEMMs' row class
-        s = torch.matmul(qg, kg.transpose(-1, -2)).masked_fill_(grp.hidden, float("-inf"))  # [g,Hkv,MR,L]
+        mats = qg.shape[0] * qg.shape[1]
+        s = _gemm(mats * grp.kv_len, torch.matmul, qg, kg.transpose(-1, -2))  # [g, Hkv, MR, L]
+        s.masked_fill_(grp.hidden, float("-inf"))
         m = s.amax(-1, keepdim=True)
         # MKL's exp takes a slow path when its result underflows; below e^-80 a key's weight
         # is lost in the sum anyway, and hidden keys are zeroed exactly after the exp.
@@ -348,7 +369,8 @@ def _attention_aligned_fwd(
         tiles = grp.kv_len // KV_TILE
         pt = p.unflatten(-1, (tiles, KV_TILE))  # [g, Hkv, MR, T, KT]
         denom = tree_sum(pt.sum(-1), dim=-1).unsqueeze(-1)  # [g, Hkv, MR, 1]
-        pv = torch.matmul(pt.transpose(2, 3), vg.unflatten(2, (tiles, KV_TILE)))  # [g,Hkv,T,MR,D]
+        pv = _gemm(mats * tiles * vg.shape[-1], torch.matmul, pt.transpose(2, 3),
+                   vg.unflatten(2, (tiles, KV_TILE)))  # [g, Hkv, T, MR, D]
         _scatter_group(out, tree_sum(pv, dim=2) / denom, grp)
         if keep_lse:
             lses.append((m + denom.log()).squeeze(-1)[..., :real])
