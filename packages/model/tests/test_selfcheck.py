@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from parity.model import AlignmentError, Decoder, ModelConfig
+from parity.model import ModelConfig
 from parity.model.kernels import STANDARD
 from parity.model.selfcheck import Shapes, cache_dir, fingerprint, refusal, verify
 
