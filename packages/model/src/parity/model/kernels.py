@@ -283,19 +283,13 @@ class _Group:
 
     @cached_property
     def hidden(self) -> torch.Tensor:
-        """[g, 1, matrix_rows, L] the keys each query-matrix row must not see (every layer's).
-        Padding rows (zero queries) see what the first row sees: finite, then dropped."""
-        vis = self.visible(self.g_heads)
-        pad = self.matrix_rows - vis.shape[2]
-        if pad:
-            vis = torch.cat([vis, vis[:, :, :1].expand(-1, -1, pad, -1)], dim=2)
-        return ~vis
+        """[g, 1, G*R, L] the keys each row of the query matrix must not see (every layer's)."""
+        return ~self.visible(self.g_heads)
 
     @cached_property
     def bias(self) -> torch.Tensor:
-        """`hidden` of the real rows as an additive mask: -inf where hidden, 0 elsewhere."""
-        hidden = self.hidden[:, :, : self.g_heads * self.rows.shape[1]]
-        return torch.zeros(hidden.shape).masked_fill_(hidden, float("-inf"))
+        """`hidden` as an additive mask: -inf where hidden, 0 elsewhere."""
+        return torch.zeros(self.hidden.shape).masked_fill_(self.hidden, float("-inf"))
 
 
 def tree_sum(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -339,11 +333,11 @@ def _gather_group(
 
 
 def _scatter_group(out: torch.Tensor, og: torch.Tensor, grp: _Group) -> None:
-    """Write the real rows of per-KV-head matrices og [g, Hkv, >= G*R, D] back to out [N, Hq, D]."""
+    """Write the real rows of per-KV-head matrices og [g, Hkv, G*R, D] back to out [N, Hq, D]."""
     n_seq, r = grp.rows.shape
     hq, d = out.shape[1], out.shape[2]
     hkv = og.shape[1]
-    og = og[:, :, : (hq // hkv) * r].reshape(n_seq, hkv, hq // hkv, r, d)
+    og = og.reshape(n_seq, hkv, hq // hkv, r, d)
     out[grp.out_rows] = og.permute(0, 3, 1, 2, 4).reshape(n_seq, r, hq, d)[grp.valid]
 
 
@@ -357,23 +351,24 @@ def _attention_aligned_fwd(
     lses = []
     for grp in layout.groups(g_heads):
         qg, kg, vg = _gather_group(q * scale, k, v, grp)
-        real = qg.shape[2]  # G*R
-        qg = pad_rows(qg, dim=2)  # [g, Hkv, MR, D], MR = matrix_rows: the GEMMs' row class
+        real = qg.shape[2]  # G*R rows; the GEMMs see MR = matrix_rows, the softmax only these
+        qg = pad_rows(qg, dim=2)  # [g, Hkv, MR, D]
         mats = qg.shape[0] * qg.shape[1]
         s = _gemm(mats * grp.kv_len, torch.matmul, qg, kg.transpose(-1, -2))  # [g, Hkv, MR, L]
-        s.masked_fill_(grp.hidden, float("-inf"))
-        m = s.amax(-1, keepdim=True)
+        sr = s[:, :, :real].masked_fill_(grp.hidden, float("-inf"))
+        m = sr.amax(-1, keepdim=True)
         # MKL's exp takes a slow path when its result underflows; below e^-80 a key's weight
         # is lost in the sum anyway, and hidden keys are zeroed exactly after the exp.
-        p = s.sub_(m).clamp_(min=_EXP_FLOOR).exp_().masked_fill_(grp.hidden, 0.0)
+        sr.sub_(m).clamp_(min=_EXP_FLOOR).exp_().masked_fill_(grp.hidden, 0.0)
+        s[:, :, real:] = 0.0  # padding rows: zero probabilities, dropped below
         tiles = grp.kv_len // KV_TILE
-        pt = p.unflatten(-1, (tiles, KV_TILE))  # [g, Hkv, MR, T, KT]
-        denom = tree_sum(pt.sum(-1), dim=-1).unsqueeze(-1)  # [g, Hkv, MR, 1]
+        pt = s.unflatten(-1, (tiles, KV_TILE))  # [g, Hkv, MR, T, KT]
+        denom = tree_sum(pt[:, :, :real].sum(-1), dim=-1).unsqueeze(-1)  # [g, Hkv, G*R, 1]
         pv = _gemm(mats * tiles * vg.shape[-1], torch.matmul, pt.transpose(2, 3),
                    vg.unflatten(2, (tiles, KV_TILE)))  # [g, Hkv, T, MR, D]
-        _scatter_group(out, tree_sum(pv, dim=2) / denom, grp)
+        _scatter_group(out, tree_sum(pv[:, :, :, :real], dim=2) / denom, grp)
         if keep_lse:
-            lses.append((m + denom.log()).squeeze(-1)[..., :real])
+            lses.append((m + denom.log()).squeeze(-1))
     return out, lses
 
 
