@@ -93,5 +93,8 @@ def run_case(case: Case) -> dict:
 
 
 def run_bench(names: list[str] | None = None) -> dict:
+    from parity.model.selfcheck import machine
+
     cases = [c for c in CASES if not names or any(n in c.name for n in names)]
-    return {"threads": torch.get_num_threads(), "cases": [run_case(c) for c in cases]}
+    return {"threads": torch.get_num_threads(), "machine": machine(),
+            "cases": [run_case(c) for c in cases]}

@@ -82,7 +82,8 @@ def bench_engine(
     if json_:
         typer.echo(json.dumps(report, indent=2))
         return
-    typer.echo(f"threads: {report['threads']}")
+    m = report["machine"]
+    typer.echo(f"threads: {report['threads']}; {m['cpu']}, {m['torch_capability']}, MKL {m['mkl_mode']}")
     for r in report["cases"]:
         typer.echo(f"  {r['case']:36s} aligned {r['aligned_tokens_per_s']:9.1f} tok/s  "
                    f"standard {r['standard_tokens_per_s']:9.1f} tok/s  ratio {r['ratio']:.3f}")

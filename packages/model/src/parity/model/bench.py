@@ -4,8 +4,9 @@ Both modes run on the same weights and tokens, interleaved round by round so mac
 hits both alike; the figure per mode is the median round.
 
 Both modes also share the process's MKL setting, strict CNR (`parity.model.blas`), which
-aligned mode needs. What that setting costs is measured apart: the standard fwd+bwd in fresh
-processes with and without it (MKL reads it once per process), alternated, medians compared.
+parity sets by default. What that setting costs is measured apart: the standard fwd+bwd in
+fresh processes with and without it (MKL reads it once per process), alternated, medians
+compared. The report names the CPU, torch's dispatch level and MKL's mode and branch.
 """
 
 from __future__ import annotations
@@ -119,9 +120,12 @@ def cnr_cost(case: Case, repeats: int = 2, progress: Callable[[str], None] = lam
 
 
 def run(shapes: list[str] | None = None, progress: Callable[[str], None] = lambda _: None) -> dict:
+    from parity.model.selfcheck import machine
+
     cases = [c for c in CASES if shapes is None or c.shape in shapes]
     return {
         "threads": torch.get_num_threads(),
+        "machine": machine(),
         "cases": [bench_case(c, progress) for c in cases],
         # the 0.5B shape would take minutes per process; the tiny one shows the GEMM setting's cost
         "mkl_strict_cnr_cost": [cnr_cost(c, progress=progress) for c in cases if c.shape == "tiny"],

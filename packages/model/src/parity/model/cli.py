@@ -25,7 +25,9 @@ def bench_learner(
     if json_:
         typer.echo(json.dumps(result, indent=2))
         return
-    table = Table(title=f"learner tokens/s ({result['threads']} threads)")
+    m = result["machine"]
+    table = Table(title=f"learner tokens/s ({result['threads']} threads; {m['cpu']}, "
+                        f"{m['torch_capability']}, MKL {m['mkl_mode']})")
     for col in ("shape", "tokens", "pass", "aligned", "standard", "aligned ÷ standard"):
         table.add_column(col)
     for c in result["cases"]:
@@ -37,6 +39,6 @@ def bench_learner(
     Console().print(table)
     for c in result["mkl_strict_cnr_cost"]:
         Console().print(
-            f"MKL strict CNR (needed by aligned GEMMs), standard fwd+bwd on {c['shape']}: "
+            f"MKL strict CNR (parity's default), standard fwd+bwd on {c['shape']}: "
             f"{c['strict_tokens_per_s']:.0f} tokens/s on vs {c['off_tokens_per_s']:.0f} off = {c['ratio']:.3f}"
         )
