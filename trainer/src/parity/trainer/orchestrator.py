@@ -217,6 +217,14 @@ class Orchestrator:
 
     # -- main loop ------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
+        """Train to `train.steps`; the actors are gone afterwards, however the run ended."""
+        try:
+            return self._loop()
+        finally:
+            for actor in [*self.workers, self.learner]:
+                self.ray.kill(actor, no_restart=True)
+
+    def _loop(self) -> dict[str, Any]:
         ray = self.ray
         self.workers = [self._make_worker(w) for w in range(self.cfg.rollout.workers)]
         self._check_nodes([(f"rollout worker {w}", a) for w, a in enumerate(self.workers)])
@@ -270,8 +278,6 @@ class Orchestrator:
                     continue
                 self.spans += res.spans
                 self.done[g] = res.trajectories
-        for w in self.workers:
-            ray.kill(w, no_restart=True)
         return self.counters
 
     def _next_groups(self) -> list[int]:
