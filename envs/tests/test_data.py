@@ -23,11 +23,24 @@ def test_jsonl_and_parquet_load_the_same_rows(tmp_path) -> None:
     assert load_tasks(str(parquet)) == ROWS
 
 
-def test_missing_field_names_file_row_and_field(tmp_path) -> None:
+def test_missing_field_names_file_line_and_field(tmp_path) -> None:
     path = tmp_path / "t.jsonl"
-    path.write_text(json.dumps(ROWS[0]) + "\n" + json.dumps({"question": "Q: 1=?", "answer": None}) + "\n")
-    with pytest.raises(TaskDataError, match=rf"^{path}: row 1: missing field 'answer'$"):
+    path.write_text(json.dumps(ROWS[0]) + "\n\n" + json.dumps({"question": "Q: 1=?", "answer": None}) + "\n")
+    with pytest.raises(TaskDataError, match=rf"^{path}: line 3: missing field 'answer'$"):
         load_tasks(str(path))
+    parquet = tmp_path / "t.parquet"
+    pq.write_table(pa.Table.from_pylist([ROWS[0], {"question": "Q: 1=?", "answer": None}]), parquet)
+    with pytest.raises(TaskDataError, match=rf"^{parquet}: row 1: missing field 'answer'$"):
+        load_tasks(str(parquet))
+
+
+def test_a_field_of_the_wrong_type_is_refused_at_load(tmp_path) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps(ROWS[0]) + "\n" + json.dumps({"question": 5, "answer": "5"}) + "\n")
+    with pytest.raises(TaskDataError, match=rf"^{path}: line 2: field 'question' must be str, not int \(5\)$"):
+        PythonToolEnv(tasks=str(path))
+    path.write_text(json.dumps({"question": "Q: 1+1=?", "answer": 2}) + "\n")
+    assert PythonToolEnv(tasks=str(path)).tasks == [{"question": "Q: 1+1=?", "answer": 2}]
 
 
 def test_bad_sources(tmp_path) -> None:
@@ -36,9 +49,13 @@ def test_bad_sources(tmp_path) -> None:
     with pytest.raises(TaskDataError, match=r"t.csv: unsupported task file type '.csv'"):
         load_tasks(str(bad))
     broken = tmp_path / "broken.jsonl"
-    broken.write_text("{not json\n")
-    with pytest.raises(TaskDataError, match=r"broken.jsonl: cannot load tasks"):
+    broken.write_text(json.dumps(ROWS[0]) + "\n{not json\n")
+    with pytest.raises(TaskDataError, match=r"broken.jsonl: line 2: not valid JSON: .* \(column 2\)$"):
         load_tasks(str(broken))
+    listed = tmp_path / "list.jsonl"
+    listed.write_text("[1, 2]\n")
+    with pytest.raises(TaskDataError, match=r"list.jsonl: line 1: a task must be a JSON object, not list"):
+        load_tasks(str(listed))
 
 
 def test_env_trains_on_a_task_file(tmp_path) -> None:

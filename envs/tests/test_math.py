@@ -148,11 +148,11 @@ def test_gsm8k_and_math_rows(tmp_path, verifier) -> None:
     assert env.step("\\boxed{6}")[1] == 1.0
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps(rows[0]) + "\n" + json.dumps({"question": "x", "answer": "no marker"}) + "\n")
-    with pytest.raises(TaskDataError, match=r"bad.jsonl: row 1: field 'answer' has no '#### <answer>' line"):
+    with pytest.raises(TaskDataError, match=r"bad.jsonl: line 2: field 'answer' has no '#### <answer>' line"):
         MathEnv(verifier=verifier, tasks=str(bad), task_format="gsm8k")
     math_file = tmp_path / "math.jsonl"
     math_file.write_text(json.dumps({"problem": "p", "level": 1}) + "\n")
-    with pytest.raises(TaskDataError, match=r"math.jsonl: row 0: missing field 'solution'"):
+    with pytest.raises(TaskDataError, match=r"math.jsonl: line 1: missing field 'solution'"):
         MathEnv(verifier=verifier, tasks=str(math_file))
 
 

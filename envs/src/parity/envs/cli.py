@@ -41,8 +41,12 @@ def check(
     json_: bool = typer.Option(False, "--json"),
 ) -> None:
     """Run gymnasium's check_env and one scripted oracle episode; exit 1 unless check_env
-    passes and the oracle scores above 0."""
+    passes and the oracle reaches its expected reward."""
+    from dataclasses import asdict
+
     from gymnasium.utils.env_checker import check_env
+
+    from parity.envs.preflight import EnvPreflightError, oracle_episode
 
     env = _make(name)
     report: dict[str, object] = {"id": name}
@@ -51,13 +55,18 @@ def check(
         report["check_env"] = "ok"
     except Exception as e:
         report["check_env"] = f"failed: {type(e).__name__}: {e}"
+    oracle_ok = False
     try:
-        report.update(_oracle_episode(env, seed))
+        oracle = oracle_episode(env, seed, name)
+        report.update({f"oracle_{k}": v for k, v in asdict(oracle).items() if k != "env_id"})
+        oracle_ok = oracle.ok
+    except EnvPreflightError as e:
+        report["oracle"] = str(e)
     except Exception as e:
         report["oracle"] = f"failed: {type(e).__name__}: {e}"
     finally:
         env.close()
-    ok = report["check_env"] == "ok" and report.get("oracle_reward", 0) > 0
+    ok = report["check_env"] == "ok" and oracle_ok
     report["ok"] = ok
     if json_:
         typer.echo(json.dumps(report, indent=2))
@@ -96,29 +105,6 @@ def play(
                 return
     finally:
         env.close()
-
-
-def _oracle_episode(env: object, seed: int) -> dict[str, object]:
-    """One episode played by the env's oracle: through the token-level runner for a
-    TextEnv, through plain step() for any other env with `oracle_action()`."""
-    import asyncio
-
-    from parity.envs import TextEnv
-    from parity.envs.runner import oracle_generate, run_episode
-
-    if isinstance(env, TextEnv):
-        traj = asyncio.run(run_episode(env, oracle_generate(env), seed=seed))
-        return {"oracle_reward": traj.reward, "finish_reason": traj.finish_reason,
-                "turns": traj.num_turns, "tokens": len(traj.tokens),
-                "reward_components": traj.reward_components}
-    if not hasattr(env, "oracle_action"):
-        return {"oracle": "none (the env has no oracle_action())"}
-    env.reset(seed=seed)
-    turns, done = 0, False
-    while not done:
-        _, reward, terminated, truncated, info = env.step(env.oracle_action())
-        turns, done = turns + 1, terminated or truncated
-    return {"oracle_reward": reward, "turns": turns, "finish_reason": info.get("finish_reason", "")}
 
 
 def _show(messages: tuple) -> None:

@@ -31,7 +31,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -153,6 +153,7 @@ class TextEnv(gym.Env[Observation, Any]):
 
     metadata: dict[str, Any] = {"render_modes": []}  # noqa: RUF012 (gymnasium's convention)
     required_fields: tuple[str, ...] = ("question", "answer")
+    field_types: ClassVar[dict[str, tuple[type, ...]]] = {"question": (str,), "answer": (str, int, float)}
     rubric: Rubric
 
     def __init__(
@@ -177,9 +178,10 @@ class TextEnv(gym.Env[Observation, Any]):
             limits = EpisodeLimits(**limits)
         self.limits = limits or EpisodeLimits()
         if isinstance(tasks, str):
-            tasks = load_tasks(tasks, convert=self.convert_row, required=self.required_fields)
+            tasks = load_tasks(tasks, convert=self.convert_row, required=self.required_fields,
+                               types=self.field_types)
         elif tasks is not None:
-            tasks = check_rows(tasks, self.required_fields, "tasks")
+            tasks = check_rows(tasks, self.required_fields, "tasks", self.field_types)
         self.tasks: list[Task] | None = tasks
         self.max_action_chars = max_action_chars
         tokens = spaces.Sequence(spaces.Discrete(tokenizer.vocab_size))
@@ -225,7 +227,8 @@ class TextEnv(gym.Env[Observation, Any]):
         await self.release()
         options = options or {}
         if "task" in options:
-            task = check_rows([options["task"]], self.required_fields, "options['task']")[0]
+            task = check_rows([options["task"]], self.required_fields, "options['task']",
+                              self.field_types)[0]
         elif self.tasks is not None:
             i = options.get("task_index", int(self.np_random.integers(len(self.tasks))))
             task = self.tasks[i]

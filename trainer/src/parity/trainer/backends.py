@@ -5,6 +5,7 @@ actors), so the trainer's own modules load without them."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from parity.core.types import SamplingParams, Trajectory
 from parity.trainer.config import TrainConfig
@@ -34,19 +35,35 @@ def resolve_model_dir(cfg: TrainConfig) -> str:
     return str(EMBEDDED_DIR)
 
 
-def preflight(cfg: TrainConfig, model_dir: str) -> None:
-    """What must hold before any actor starts: aligned kernels proved on this machine for
-    the model's shapes (AlignmentError names what failed). Models that are not parity
-    decoders (config.json parity cannot read) are left to their own loader."""
-    if cfg.model.kernels != "aligned":
-        return
-    from parity.model import ModelConfig, ModelConfigError, require_alignment
+def check_model(cfg: TrainConfig, model_dir: str) -> None:
+    """Before any actor starts: the model directory holds what load_model needs (checked from
+    config.json and the file headers: ModelConfigError / WeightsError name the file and the
+    field or tensor), and aligned kernels are proved on this machine for its shapes
+    (AlignmentError names what failed)."""
+    from parity.model import require_alignment
+    from parity.model.io import check_model_dir
 
-    try:
-        model_config = ModelConfig.from_pretrained(model_dir)
-    except ModelConfigError:
-        return
-    require_alignment(model_config)
+    model_config = check_model_dir(model_dir)
+    if cfg.model.kernels == "aligned":
+        require_alignment(model_config)
+
+
+def check_env(cfg: TrainConfig) -> None:
+    """Before any actor starts: the env's oracle plays one episode here and reaches its
+    expected reward (EnvPreflightError says what the env said otherwise; an unknown id or a
+    bad task file raises its own ValueError)."""
+    from parity.envs.preflight import preflight
+
+    preflight(cfg.env.id, env_kwargs(cfg), seed=cfg.env.task_seed)
+
+
+def env_kwargs(cfg: TrainConfig) -> dict[str, Any]:
+    """`env.kwargs`, with the model directory's tokenizer when it has one."""
+    kwargs = dict(cfg.env.kwargs)
+    model_dir = Path(resolve_model_dir(cfg))
+    if (model_dir / "tokenizer.json").is_file():
+        kwargs.setdefault("tokenizer", str(model_dir))
+    return kwargs
 
 
 def engine_backend(cfg: TrainConfig) -> Backend:
@@ -65,10 +82,7 @@ def env_episodes(cfg: TrainConfig) -> EpisodeFn:
     from parity.envs.registry import make_env
     from parity.envs.runner import run_episode
 
-    kwargs = dict(cfg.env.kwargs)
-    model_dir = Path(resolve_model_dir(cfg))
-    if (model_dir / "tokenizer.json").is_file():
-        kwargs.setdefault("tokenizer", str(model_dir))
+    kwargs = env_kwargs(cfg)
 
     async def episode(generate: Generate, task_seed: int, sampling_seed: int) -> Trajectory:
         env = make_env(cfg.env.id, **kwargs)

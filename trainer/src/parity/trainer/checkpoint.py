@@ -8,11 +8,15 @@
     checkpoints/latest  name of the newest complete checkpoint
 
 A checkpoint is written under a temporary name and renamed into place, then `latest` is
-replaced atomically, so a crash at any moment leaves the previous checkpoint usable.
+replaced atomically, so a crash at any moment leaves the previous checkpoint usable. A write
+that fails (a full disk) removes its partial directory and raises CheckpointError saying so;
+partial directories a killed process left behind are removed on resume (`remove_partial`).
 """
 
 from __future__ import annotations
 
+import errno
+import io
 import os
 import shutil
 from collections.abc import Callable
@@ -21,6 +25,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written; the previous one is intact."""
 
 
 @dataclass
@@ -46,12 +54,22 @@ def save_checkpoint(root: Path, step: int, *, write_model: Callable[[Path], None
     final = root / name
     tmp = root / f".{name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    write_model(tmp / "model")
-    torch.save(optimizer, tmp / "optimizer.pt")
-    torch.save(state, tmp / "state.pt")
-    torch.save(queue, tmp / "queue.pt")
-    _fsync_tree(tmp)
+    try:
+        tmp.mkdir(parents=True)
+        write_model(tmp / "model")
+        for file, obj in (("optimizer.pt", optimizer), ("state.pt", state), ("queue.pt", queue)):
+            buf = io.BytesIO()  # serialised first, so a full disk is an OSError, not torch's
+            torch.save(obj, buf)
+            (tmp / file).write_bytes(buf.getbuffer())
+        _fsync_tree(tmp)
+    except Exception as e:
+        full = _no_space(e, root)
+        shutil.rmtree(tmp, ignore_errors=True)
+        previous = latest_checkpoint(root)
+        kept = f"; {previous} is intact" if previous else ""
+        if full:
+            raise CheckpointError(f"no space left on device writing checkpoint {tmp}{kept}") from e
+        raise CheckpointError(f"writing checkpoint {tmp} failed: {type(e).__name__}: {e}{kept}") from e
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     latest_tmp = root / ".latest.tmp"
@@ -79,6 +97,28 @@ def load_checkpoint(path: Path) -> Checkpoint:
         state=torch.load(path / "state.pt", weights_only=False),
         queue=torch.load(path / "queue.pt", weights_only=False),
     )
+
+
+def remove_partial(root: Path) -> list[Path]:
+    """Remove what an interrupted checkpoint write left under `root`; returns what it removed."""
+    gone = [p for p in root.glob(".step_*.tmp")] + [p for p in root.glob(".latest.tmp")]
+    for p in gone:
+        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+    return gone
+
+
+def _no_space(err: BaseException, root: Path) -> bool:
+    """Whether a failed write ran out of disk: ENOSPC anywhere in the chain, a library's own
+    wording of it (safetensors), or almost nothing left where the checkpoint goes."""
+    e: BaseException | None = err
+    while e is not None:
+        if getattr(e, "errno", None) == errno.ENOSPC or "No space left" in str(e):
+            return True
+        e = e.__cause__ or e.__context__
+    try:
+        return shutil.disk_usage(root).free < 1 << 20
+    except OSError:
+        return False
 
 
 def _fsync_tree(root: Path) -> None:

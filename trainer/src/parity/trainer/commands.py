@@ -21,23 +21,66 @@ def train(
     ray_address: Annotated[str | None, typer.Option(
         "--ray-address", help="Join this Ray cluster instead of a local one.")] = None,
 ) -> None:
-    """Train with asynchronous REINFORCE Zero."""
+    """Train with asynchronous REINFORCE Zero.
+
+    Every failure is one line on stderr: exit 2 for bad input (config, model directory, env
+    id or arguments, task file), 1 for a fault (this machine, the env, a dead process, a
+    full disk), with the full traceback in RUN_DIR/error.log and, when a checkpoint exists,
+    the command that resumes the run."""
     from parity.core.config import ConfigError
-    from parity.model import AlignmentError
-    from parity.trainer.nodes import NodeMismatchError
     from parity.trainer.train import load_for_cli, run_training
 
     try:
         cfg, run_dir = load_for_cli(config, set_ or [], out, resume, ray_address)
-        summary = run_training(cfg, run_dir, resume=resume is not None,
-                               progress=cfg.output.progress)
     except (ConfigError, FileNotFoundError) as e:
         typer.echo(f"parity train: {e}", err=True)
         raise typer.Exit(2) from None
-    except (AlignmentError, NodeMismatchError) as e:  # this machine or cluster, not the input
-        typer.echo(f"parity train: {e}", err=True)
-        raise typer.Exit(1) from None
+    try:
+        summary = run_training(cfg, run_dir, resume=resume is not None,
+                               progress=cfg.output.progress)
+    except Exception as e:  # every failure ends as one line and an exit code
+        line, code = _failure(e, run_dir)
+        typer.echo(f"parity train: {line}", err=True)
+        raise typer.Exit(code) from None
     _print_summary(summary, run_dir)
+
+
+def _failure(err: Exception, run_dir: Path) -> tuple[str, int]:
+    """A failed run's one line and exit code; its traceback goes to RUN_DIR/error.log."""
+    import traceback
+
+    from parity.core.config import ConfigError
+    from parity.envs.data import TaskDataError
+    from parity.envs.preflight import EnvConfigError
+    from parity.model import ModelConfigError, WeightsError
+    from parity.trainer.checkpoint import latest_checkpoint
+
+    bad_input = (ConfigError, FileNotFoundError, ModelConfigError, WeightsError, TaskDataError,
+                 EnvConfigError)
+    line = _one_line(err)
+    if run_dir.is_dir():
+        log = run_dir / "error.log"
+        log.write_text("".join(traceback.format_exception(err)))
+        if not isinstance(err, bad_input):
+            line += f" (traceback: {log})"
+        if latest_checkpoint(run_dir / "checkpoints") is not None:
+            line += f"; resume with: parity train --resume {run_dir}"
+    return line, 2 if isinstance(err, bad_input) else 1
+
+
+def _one_line(err: BaseException) -> str:
+    """The error itself: a Ray error's cause, a traceback text's last error line."""
+    cause = getattr(err, "cause", None)
+    if isinstance(cause, BaseException) and cause is not err:
+        return _one_line(cause)
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    if len(lines) > 1:  # a remote traceback as text: keep its final "SomeError: ..." line
+        errors = [ln for ln in lines if ln.split(":")[0].endswith(("Error", "Exception"))]
+        lines = errors[-1:] or lines[-1:]
+        return lines[0]
+    ours = type(err).__module__.startswith("parity.")
+    text = lines[0] if lines else type(err).__name__
+    return text if ours or isinstance(err, FileNotFoundError) else f"{type(err).__name__}: {text}"
 
 
 def audit(

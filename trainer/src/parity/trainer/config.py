@@ -94,6 +94,13 @@ class TrainSection(StrictModel):
     track_mismatch: bool = Field(True, description="recompute logprobs under the rollout's "
                                  "version to split D3 into mismatch and lag")
     ray_address: str = Field("", description="empty: start a local Ray; else a cluster address")
+    max_dropped_in_a_row: int = Field(8, ge=1, description="stop the run when this many "
+                                      "groups in a row are dropped (their episode code raised)")
+    max_env_failure_frac: float = Field(0.5, ge=0, le=1, description="stop the run when more "
+                                        "of a step's episodes failed in the environment (a "
+                                        "sandbox that did not start, an env bug)")
+    max_learner_restarts: int = Field(2, ge=0, description="restarts of a dead learner actor "
+                                      "from the last checkpoint, within the run")
     node_mismatch: Literal["error", "warn"] = Field(
         "error", description="when the learner's and a rollout worker's nodes compute aligned "
         "kernels' bits differently: error (refuse to start) or warn (train; is/d3_mismatch "

@@ -46,16 +46,18 @@ class ModelIO:
 
 
 class LearnerActor:
-    """The learner as a Ray actor; weights leave it through the object store."""
+    """The learner as a Ray actor; weights leave it through the object store. It loads
+    `load_dir` (the run's model, or the checkpoint it resumes from); checkpoints take their
+    tokenizer files from `model_dir`, the run's own model, which is never deleted."""
 
-    def __init__(self, cfg: TrainConfig, io: ModelIO, model_dir: str) -> None:
+    def __init__(self, cfg: TrainConfig, io: ModelIO, load_dir: str, model_dir: str) -> None:
         import torch
 
         torch.set_num_threads(max(1, os.cpu_count() or 1))
         self.cfg = cfg
         self.io = io
         self.model_dir = Path(model_dir)
-        self.learner = Learner(cfg, io.load(model_dir, cfg.model.kernels), io.logprobs)
+        self.learner = Learner(cfg, io.load(load_dir, cfg.model.kernels), io.logprobs)
 
     def node_probe(self, model_config: Any) -> dict[str, Any]:
         """The learner's process: its aligned kernels' fingerprint (parity.trainer.nodes)."""
@@ -112,18 +114,20 @@ class Orchestrator:
         self.backend_factory = backend_factory
         self.episode_factory = episode_factory
         self.learner = ray.remote(LearnerActor).options(num_cpus=1).remote(
-            cfg, io, str(resume.model_dir) if resume else model_dir)
+            cfg, io, str(resume.model_dir) if resume else model_dir, model_dir)
         self.step = 0
         self.cursor = 0  # next group index to start
         self.done: dict[int, list[Trajectory]] = {}
         self.retry: list[int] = []  # groups to run again (their worker crashed)
-        self.counters = {"dropped": 0, "worker_restarts": 0, "skipped_nonfinite": 0}
+        self.counters = {"dropped": 0, "worker_restarts": 0, "skipped_nonfinite": 0,
+                         "learner_restarts": 0}
+        self.dropped_in_a_row = 0
         self.consumed = 0  # groups below this index are trained on or dropped
         self.dropped: dict[int, str] = {}  # group -> reason
         if resume is not None:
-            self.step = ray.get(self.learner.restore.remote(resume))
+            self.step = self._learner_call(self.learner.restore.remote(resume))
             d = resume.state["driver"]
-            self.cursor, self.counters = d["cursor"], d["counters"]
+            self.cursor, self.counters = d["cursor"], {**self.counters, **d["counters"]}
             self.consumed, self.dropped = d["consumed"], d["dropped"]
             self.done = resume.queue[0]
             self.retry = [g for g in range(self.consumed, self.cursor)
@@ -161,8 +165,8 @@ class Orchestrator:
             return
         ray = self.ray
         if self.learner_probe is None:
-            self.learner_probe = {**ray.get(self.learner.node_probe.remote(self.model_config)),
-                                  "role": "learner"}
+            probe = self._learner_call(self.learner.node_probe.remote(self.model_config))
+            self.learner_probe = {**probe, "role": "learner"}
         probes = [{**p, "role": role} for p, (role, _) in zip(
             ray.get([a.node_probe.remote(self.model_config) for _, a in workers]), workers,
             strict=True)]
@@ -182,7 +186,9 @@ class Orchestrator:
         self.restarts[w] += 1
         self.counters["worker_restarts"] += 1
         if self.restarts[w] > self.cfg.rollout.max_restarts:
-            raise RuntimeError(f"rollout worker {w} crashed {self.restarts[w]} times; last: {err}")
+            raise RunStopped(f"rollout worker {w} died {self.restarts[w]} times "
+                             f"(rollout.max_restarts = {self.cfg.rollout.max_restarts}); "
+                             f"the last: {_cause(err)}")
         lost = sorted(g for ref, (ww, g) in list(self.inflight.items()) if ww == w)
         for ref in [ref for ref, (ww, _) in self.inflight.items() if ww == w]:
             del self.inflight[ref]
@@ -228,7 +234,7 @@ class Orchestrator:
         ray = self.ray
         self.workers = [self._make_worker(w) for w in range(self.cfg.rollout.workers)]
         self._check_nodes([(f"rollout worker {w}", a) for w, a in enumerate(self.workers)])
-        ray.get(self.learner.publish.remote())  # the learner is up (workers start meanwhile)
+        self._learner_call(self.learner.publish.remote())  # the learner is up (workers start meanwhile)
         if self.step > 0:
             self._publish()
         train_ref = None
@@ -242,13 +248,14 @@ class Orchestrator:
                                        time.time() - wait_start))
                 batch = [self.done.pop(g) for g in need]
                 self.consumed = need[-1] + 1
+                batch_stats = self._env_failures(batch)
                 train_ref = self.learner.train_step.remote(batch)
-                batch_stats = _batch_stats(batch)
+                batch_stats.update(_batch_stats(batch))
             pending = list(self.inflight) + list(self.updates) + ([train_ref] if train_ref else [])
             ready, _ = ray.wait(pending, num_returns=1)
             ref = ready[0]
             if ref is train_ref:
-                metrics, spans = ray.get(ref)
+                metrics, spans = self._learner_call(ref)
                 train_ref = None
                 self.spans += spans
                 self._publish()
@@ -278,7 +285,31 @@ class Orchestrator:
                     continue
                 self.spans += res.spans
                 self.done[g] = res.trajectories
+                self.dropped_in_a_row = 0
         return self.counters
+
+    def _learner_call(self, ref: Any) -> Any:
+        """ray.get of a learner call; a dead learner actor becomes LearnerDied."""
+        try:
+            return self.ray.get(ref)
+        except self.ray.exceptions.RayActorError as e:
+            raise LearnerDied(f"the learner actor died: {_cause(e)}") from e
+
+    def _env_failures(self, groups: list[list[Trajectory]]) -> dict[str, float]:
+        """The batch's episodes that failed on the environment's side, by reason; stops the
+        run when they are more than `train.max_env_failure_frac` of it."""
+        from parity.envs.preflight import count_env_failures
+
+        trajs = [t for g in groups for t in g]
+        failures = count_env_failures(trajs)
+        frac = sum(failures.values()) / max(len(trajs), 1)
+        if frac > self.cfg.train.max_env_failure_frac:
+            reasons = ", ".join(f"{k}: {v}" for k, v in failures.most_common())
+            raise RunStopped(
+                f"{sum(failures.values())} of {len(trajs)} episodes of step {self.step} failed in "
+                f"the environment ({reasons}), more than train.max_env_failure_frac = "
+                f"{self.cfg.train.max_env_failure_frac}: the env cannot run properly here")
+        return {"env/failure_frac": frac, **{f"env/failures/{k}": v for k, v in failures.items()}}
 
     def _next_groups(self) -> list[int]:
         """The indices of the n groups the next step trains on."""
@@ -290,15 +321,20 @@ class Orchestrator:
         return out
 
     def _drop(self, g: int, err: Exception) -> None:
-        reason = type(getattr(err, "cause", None) or err).__name__
-        self.dropped[g] = reason
+        """Drop group g, whose episode code raised; stop after too many in a row."""
+        cause = _cause(err)
+        self.dropped[g] = type(getattr(err, "cause", None) or err).__name__
         self.counters["dropped"] += 1
-        print(f"parity train: group {g} dropped ({reason}): {str(err).strip()[-500:]}",
-              file=sys.stderr)
+        self.dropped_in_a_row += 1
+        print(f"parity train: group {g} dropped: {cause}", file=sys.stderr)
+        limit = self.cfg.train.max_dropped_in_a_row
+        if self.dropped_in_a_row >= limit:
+            raise RunStopped(f"{self.dropped_in_a_row} groups in a row were dropped "
+                             f"(train.max_dropped_in_a_row = {limit}); the last: {cause}")
 
     def _publish(self) -> None:
         """Weight sync: learner -> object store -> every worker (acks arrive later)."""
-        refs, version, put_s = self.ray.get(self.learner.publish.remote())
+        refs, version, put_s = self._learner_call(self.learner.publish.remote())
         self.spans.append(Span("publish weights", "sync", "learner", time.time() - put_s, put_s,
                                args={"version": version}))
         self.weights_ref, self.weights_version = refs, version
@@ -347,11 +383,28 @@ class Orchestrator:
         driver = {"cursor": self.cursor, "counters": dict(self.counters),
                   "consumed": self.consumed, "dropped": dict(self.dropped)}
         # unfinished groups are re-run on resume from their index: nothing lost or repeated
-        self.ray.get(self.learner.checkpoint.remote(
+        self._learner_call(self.learner.checkpoint.remote(
             str(self.run_dir.checkpoints), self.step, driver, dict(self.done),
             self.cfg.train.keep_checkpoints))
         self.spans.append(Span("checkpoint", "optim", "learner", with_span,
                                time.time() - with_span))
+
+
+class RunStopped(RuntimeError):
+    """The run cannot make progress (its env fails, its groups are all dropped)."""
+
+
+class LearnerDied(RuntimeError):
+    """The learner actor's process is gone; train.py restarts the run from its checkpoint."""
+
+
+def _cause(err: BaseException) -> str:
+    """The exception an actor or task raised, in one line: `Type: message`."""
+    inner = getattr(err, "cause", None)
+    if isinstance(inner, BaseException) and inner is not err:
+        err = inner
+    text = " ".join(str(err).split()) or "(no message)"
+    return f"{type(err).__name__}: {text[:500]}"
 
 
 def _parity_config(model_dir: str) -> Any:

@@ -5,6 +5,8 @@
     spans.jsonl      raw time spans of every actor (what `parity profile` reads)
     trace.json       Chrome/Perfetto timeline, one track per actor
     summary.json     totals and final values
+    segments.json    wall time of each process that worked on the run (resumes, restarts)
+    error.log        the full traceback of a run that stopped on an error
     plots/*.png      reward, KL/D3, stacked timing per step
     tb/              TensorBoard event files
     checkpoints/     see checkpoint.py
@@ -61,6 +63,28 @@ class RunDir:
 
     def log_spans(self, spans: list[Span]) -> None:
         write_spans(spans, self.spans_path)
+
+    segments_path = property(lambda self: self.root / "segments.json")
+
+    def begin_segment(self) -> int:
+        """A new process works on the run from now: its index in segments.json."""
+        segs = self.segments()
+        segs.append({"started": time.time(), "wall_s": 0.0, "train_wall_s": 0.0})
+        _atomic_write(self.segments_path, json.dumps(segs, indent=1))
+        return len(segs) - 1
+
+    def time_segment(self, index: int, wall_s: float, train_wall_s: float) -> None:
+        """Record how long segment `index` has run so far (called every step: a killed
+        process loses at most one step's time)."""
+        segs = self.segments()
+        segs[index].update(wall_s=wall_s, train_wall_s=train_wall_s)
+        _atomic_write(self.segments_path, json.dumps(segs, indent=1))
+
+    def segments(self) -> list[dict[str, float]]:
+        try:
+            return json.loads(self.segments_path.read_text())
+        except (OSError, ValueError):
+            return []
 
     def truncate_from(self, step: int) -> None:
         """On resume at `step`: forget metrics and spans of steps ≥ step (they are redone)."""
@@ -124,7 +148,7 @@ def summarize(recs: list[dict[str, Any]]) -> dict[str, Any]:
     out["is/d3_mismatch_max"] = out.get("is/d3_mismatch/max", 0.0)
     for k in TIMING_KEYS:
         out[f"{k}/total"] = sum(r.get(k, 0.0) for r in recs)
-    for k in ("dropped", "skipped_nonfinite", "worker_restarts"):
+    for k in ("dropped", "skipped_nonfinite", "worker_restarts", "learner_restarts"):
         out[k] = last.get(f"count/{k}", 0)
     return out
 

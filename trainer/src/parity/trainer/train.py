@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from parity.trainer.checkpoint import latest_checkpoint, load_checkpoint
+from parity.trainer.checkpoint import Checkpoint, latest_checkpoint, load_checkpoint, remove_partial
 from parity.trainer.config import TrainConfig, load_train_config
 from parity.trainer.evaluate import heldout, model_dir_of
-from parity.trainer.orchestrator import ModelIO, Orchestrator
+from parity.trainer.orchestrator import LearnerDied, ModelIO, Orchestrator, RunStopped
 from parity.trainer.rollout import BackendFactory, EpisodeFactory
 from parity.trainer.rundir import RunDir
 
@@ -42,45 +44,78 @@ def run_training(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
     """Train `cfg` into `run_dir` (continuing its latest checkpoint if `resume`).
 
     The three factories default to parity.model, the parity engine and the env runner;
-    tests and other backends pass their own. Returns the run's summary."""
+    tests and other backends pass their own. Before anything starts, the defaults are
+    checked here (model files, the aligned kernels' proof, one oracle episode of the env).
+    A learner actor that dies is restarted from the last checkpoint, up to
+    `train.max_learner_restarts` times. Returns the run's summary; its wall times cover every
+    process that worked on the run (resumes included)."""
     from parity.trainer import backends
 
     model_dir = backends.resolve_model_dir(cfg)
-    backends.preflight(cfg, model_dir)
+    if io is None:
+        backends.check_model(cfg, model_dir)
+    if episode_factory is None:
+        backends.check_env(cfg)
     run = RunDir(run_dir, tensorboard=cfg.output.tensorboard)
-    ckpt = None
-    if resume:
-        path = latest_checkpoint(run.checkpoints)
-        if path is not None:
-            ckpt = load_checkpoint(path)
-            run.truncate_from(ckpt.state["learner"]["version"])
-        else:  # killed before the first checkpoint: start over in the same directory
-            run.truncate_from(0)
+    remove_partial(run.checkpoints)  # what a killed checkpoint write left
+    segment = run.begin_segment()
+    ckpt = _restart_point(run) if resume else None
     run.save_config(cfg)
     start_ray(cfg.train.ray_address, cfg)
-    orch = Orchestrator(
-        cfg, run, io or backends.parity_model_io(),
-        backend_factory or backends.engine_backend, episode_factory or backends.env_episodes,
-        model_dir=model_dir, resume=ckpt,
-    )
     t0 = time.time()
     factories = (backend_factory, episode_factory)
     before = _heldout_before(cfg, run, model_dir, factories)
     t_train = time.time()
-    if progress:
-        with _Progress(cfg, orch.step) as bar:
-            orch.on_step = bar.update
-            counters = orch.run()
-    else:
-        counters = orch.run()
-    train_s = time.time() - t_train  # the updates alone, without held-out evaluation
+
+    def heartbeat(rec: dict[str, Any]) -> None:
+        run.time_segment(segment, time.time() - t0, time.time() - t_train)
+        if bar is not None:
+            bar.update(rec)
+
+    restarts = 0
+    with _Progress(cfg) if progress else contextlib.nullcontext() as bar:
+        while True:
+            orch = Orchestrator(
+                cfg, run, io or backends.parity_model_io(),
+                backend_factory or backends.engine_backend,
+                episode_factory or backends.env_episodes,
+                model_dir=model_dir, resume=ckpt, on_step=heartbeat,
+            )
+            orch.counters["learner_restarts"] += restarts
+            if bar is not None:
+                bar.start_at(orch.step)
+            try:
+                counters = orch.run()
+                break
+            except LearnerDied as e:
+                restarts += 1
+                if restarts > cfg.train.max_learner_restarts:
+                    raise RunStopped(f"{e} (restarted {restarts - 1} times already; "
+                                     f"train.max_learner_restarts = "
+                                     f"{cfg.train.max_learner_restarts})") from e
+                ckpt = _restart_point(run)
+                where = ckpt.path.name if ckpt else "the start"
+                print(f"parity train: {e}; restarting the run from {where} "
+                      f"({restarts}/{cfg.train.max_learner_restarts})", file=sys.stderr)
     after = _heldout(cfg, model_dir_of(run.checkpoints / "latest"), factories)
-    # wall_s: the whole run a user waits for, held-out evaluations included
-    return run.finish({"wall_s": time.time() - t0,
-                       "train_wall_s": train_s,
+    run.time_segment(segment, time.time() - t0, time.time() - t_train)
+    segs = run.segments()
+    # wall_s: the whole run a user waits for, held-out evaluations and every segment included
+    return run.finish({"wall_s": sum(s["wall_s"] for s in segs),
+                       "train_wall_s": sum(s["train_wall_s"] for s in segs),
+                       "segments": len(segs),
                        "mode": cfg.train.mode, "max_lag": cfg.max_lag,
                        "heldout_success_before": before, "heldout_success_after": after,
                        **counters}, plots=cfg.output.plots)
+
+
+def _restart_point(run: RunDir) -> Checkpoint | None:
+    """The run's latest checkpoint, its later records forgotten (they are redone); None,
+    and everything forgotten, when the run never reached one."""
+    path = latest_checkpoint(run.checkpoints)
+    ckpt = load_checkpoint(path) if path is not None else None
+    run.truncate_from(ckpt.state["learner"]["version"] if ckpt else 0)
+    return ckpt
 
 
 def _heldout(cfg: TrainConfig, model_dir: Path | str, factories: tuple) -> float | None:
@@ -119,12 +154,15 @@ def load_for_cli(config: Path | None, overrides: list[str], out: Path | None,
 class _Progress:
     """A rich progress bar with the step's headline metrics."""
 
-    def __init__(self, cfg: TrainConfig, done: int) -> None:
+    def __init__(self, cfg: TrainConfig) -> None:
         from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
         self.p = Progress(TextColumn("[bold]train"), BarColumn(), TextColumn("{task.completed}/"
                           "{task.total}"), TimeRemainingColumn(), TextColumn("{task.description}"))
-        self.task = self.p.add_task("", total=cfg.train.steps, completed=done)
+        self.task = self.p.add_task("", total=cfg.train.steps)
+
+    def start_at(self, done: int) -> None:
+        self.p.update(self.task, completed=done)
 
     def __enter__(self) -> _Progress:
         self.p.__enter__()

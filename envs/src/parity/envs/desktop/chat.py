@@ -11,8 +11,7 @@ The desktop itself is reused across episodes and closed with the env.
 from __future__ import annotations
 
 import asyncio
-import json
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -22,7 +21,6 @@ from parity.envs.rubric import Criterion, Rubric
 
 from .env import DesktopEnv
 from .evaluators import evaluate
-from .solutions import resolve
 
 SYSTEM = (
     "You control a Linux desktop. Each turn, answer with exactly one action: a computer_13 JSON "
@@ -36,6 +34,7 @@ class DesktopTextEnv(TextEnv):
     """OSWorld-style desktop tasks as a multi-turn chat over the accessibility tree."""
 
     required_fields = ("task_id",)
+    field_types: ClassVar[dict[str, tuple[type, ...]]] = {"task_id": (str,)}
 
     def __init__(self, *, backend: str = "auto", a11y_max_tokens: int = 2000,
                  limits: EpisodeLimits | dict | None = None, **kwargs: Any) -> None:
@@ -70,12 +69,9 @@ class DesktopTextEnv(TextEnv):
                         sandbox_s=timing.get("step_s", 0.0))
 
     def oracle(self) -> str:
-        """The task's scripted oracle step for this turn (then DONE)."""
-        assert self.episode is not None and self.desktop.task is not None
-        steps = [*self.desktop.task.solutions["oracle"], {"action": "DONE"}]
-        step = steps[min(self.episode.turns, len(steps) - 1)]
-        action = resolve(step, self.desktop.rows() if "target" in step else [])
-        return json.dumps(action) if isinstance(action, dict) else action
+        """The task's scripted oracle step for this turn (then DONE): one chat turn is one
+        desktop step."""
+        return self.desktop.oracle_action()
 
     async def _task_score(self, _episode: Any) -> float:
         if self._reward is not None:

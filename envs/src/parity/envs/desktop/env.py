@@ -17,6 +17,7 @@ tree_s. (Not in `info`: gymnasium's checker requires info to be deterministic.)
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any, ClassVar
 
@@ -29,7 +30,7 @@ from .actions import ActionParseError, parse
 from .client import DesktopClient, DesktopDeadError, DesktopRequestError
 from .evaluators import evaluate
 from .sandbox import DesktopLimits, DesktopSandbox
-from .tasks import Task, load_tasks
+from .tasks import Task, load_tasks, resolve
 
 OBS_MODES = ("a11y_tree", "screenshot", "screenshot_a11y_tree")
 MAX_TEXT = 65536
@@ -175,6 +176,16 @@ class DesktopEnv(gym.Env):
             return self._fail(str(e), timing, t0)
         timing["step_s"] = time.monotonic() - t0
         return obs, reward, terminated, truncated, info
+
+    def oracle_action(self) -> str:
+        """The task's scripted oracle step for the current step (then DONE), its target
+        resolved against the accessibility tree: what `parity envs check` plays."""
+        if self.done or self.task is None:
+            raise RuntimeError("oracle_action() needs a running episode; call reset() first")
+        steps = [*self.task.solutions.get("oracle", []), {"action": "DONE"}]
+        step = steps[min(self.steps, len(steps) - 1)]
+        action = resolve(step, self.rows() if "target" in step else [])
+        return json.dumps(action) if isinstance(action, dict) else action
 
     def _fail(self, reason: str, timing: dict, t0: float) -> tuple[dict, float, bool, bool, dict]:
         """End the episode because the desktop died; the next reset starts a fresh one."""

@@ -9,23 +9,7 @@ from __future__ import annotations
 import json
 
 from .env import DesktopEnv
-
-
-class SolutionError(RuntimeError):
-    """A scripted step could not be played (missing target, rejected action)."""
-
-
-def resolve(step: dict, rows: list[dict]) -> str | dict:
-    """The step's action with x, y filled in from its target, if it has one."""
-    action = step["action"]
-    target = step.get("target")
-    if target is None:
-        return action
-    for row in rows:
-        if row["name"] == target["name"] and target.get("tag", row["tag"]) == row["tag"]:
-            params = {**action.get("parameters", {}), "x": row["x"] + row["w"] // 2, "y": row["y"] + row["h"] // 2}
-            return {**action, "parameters": params}
-    raise SolutionError(f"target {target} not in the accessibility tree: {[r['name'] for r in rows]}")
+from .tasks import SolutionError, resolve
 
 
 def play(env: DesktopEnv, task_id: str, which: str = "oracle",

@@ -4,7 +4,8 @@ A task: {"id", "instruction", "related_apps", "config": [setup steps], "evaluato
 plus, in this repo, "solutions": {"oracle": [steps], "wrong": [steps]}: scripted action
 sequences the tests run end to end (the oracle must score 1, the wrong one 0). A solution
 step is {"action": computer_13 object or pyautogui text, "target": {"name": ..., "tag": ...}};
-with a target, x and y are filled in from the accessibility tree (the widget's centre).
+with a target, x and y are filled in from the accessibility tree (the widget's centre) by
+`resolve`, at that moment, so scripts survive layout changes.
 """
 
 from __future__ import annotations
@@ -81,3 +82,20 @@ def load_tasks(directory: str | Path = TASK_DIR) -> list[Task]:
             raise TaskError(f"{t.source}: duplicate task id {t.id!r}")
         seen.add(t.id)
     return tasks
+
+
+class SolutionError(RuntimeError):
+    """A scripted step could not be played (missing target, rejected action)."""
+
+
+def resolve(step: dict, rows: list[dict]) -> str | dict:
+    """The step's action with x, y filled in from its target, if it has one."""
+    action = step["action"]
+    target = step.get("target")
+    if target is None:
+        return action
+    for row in rows:
+        if row["name"] == target["name"] and target.get("tag", row["tag"]) == row["tag"]:
+            params = {**action.get("parameters", {}), "x": row["x"] + row["w"] // 2, "y": row["y"] + row["h"] // 2}
+            return {**action, "parameters": params}
+    raise SolutionError(f"target {target} not in the accessibility tree: {[r['name'] for r in rows]}")

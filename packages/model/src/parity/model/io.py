@@ -10,10 +10,12 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from parity.model.config import ModelConfig
@@ -28,32 +30,84 @@ class WeightsError(ValueError):
     """The safetensors files do not match config.json."""
 
 
-def _read_tensors(directory: Path) -> dict[str, tuple[torch.Tensor, Path]]:
+def _weight_files(directory: Path) -> list[Path]:
     index = directory / INDEX
     if index.is_file():
         try:
             files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
         except (json.JSONDecodeError, KeyError, AttributeError) as e:
             raise WeightsError(f"{index}: malformed index ({e})") from None
-    elif (directory / SINGLE).is_file():
-        files = [SINGLE]
-    else:
-        found = sorted(p.name for p in directory.glob("*.safetensors"))
-        if not found:
-            raise WeightsError(f"{directory}: no {SINGLE}, {INDEX} or *.safetensors files")
-        files = found
-    tensors: dict[str, tuple[torch.Tensor, Path]] = {}
-    for name in files:
-        path = directory / name
-        if not path.is_file():
-            raise WeightsError(f"{index}: lists {name}, which does not exist")
+        for name in files:
+            if not (directory / name).is_file():
+                raise WeightsError(f"{index}: lists {name}, which does not exist")
+        return [directory / name for name in files]
+    if (directory / SINGLE).is_file():
+        return [directory / SINGLE]
+    found = sorted(directory.glob("*.safetensors"))
+    if not found:
+        raise WeightsError(f"{directory}: no {SINGLE}, {INDEX} or *.safetensors files")
+    return found
+
+
+def _read_tensors(directory: Path, header_only: bool = False) -> dict[str, tuple[Any, Path]]:
+    """Every tensor of the directory's safetensors files (or, `header_only`, its shape and
+    dtype as the file header states them, without reading the data), with its file."""
+    tensors: dict[str, tuple[Any, Path]] = {}
+    for path in _weight_files(directory):
         try:
-            loaded = load_file(str(path))
+            if header_only:
+                with safe_open(str(path), "pt") as f:
+                    loaded = {k: _Header(tuple(f.get_slice(k).get_shape()), f.get_slice(k).get_dtype())
+                              for k in f.keys()}  # noqa: SIM118 (safe_open has no __iter__)
+            else:
+                loaded = load_file(str(path))
         except (SafetensorError, OSError) as e:
             raise WeightsError(f"{path}: cannot read safetensors ({e})") from None
         for key, t in loaded.items():
             tensors[key] = (t, path)
     return tensors
+
+
+@dataclass(frozen=True)
+class _Header:
+    shape: tuple[int, ...]
+    dtype: str
+
+    def is_floating_point(self) -> bool:
+        return self.dtype.startswith(("F", "BF"))
+
+
+def _check_tensors(directory: Path, model: Decoder, tensors: dict[str, tuple[Any, Path]]) -> None:
+    """WeightsError naming the file and tensor unless `tensors` fit the model exactly."""
+    if model.config.tie_word_embeddings:
+        tensors.pop("lm_head.weight", None)
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(tensors))
+    if missing:
+        raise WeightsError(f"{directory}: missing tensors: {', '.join(missing[:8])}"
+                           + (f" (+{len(missing) - 8} more)" if len(missing) > 8 else ""))
+    extra = sorted(k for k in set(tensors) - set(expected) if not k.endswith("rotary_emb.inv_freq"))
+    if extra:
+        raise WeightsError(f"{tensors[extra[0]][1]}: unexpected tensors: {', '.join(extra[:8])}")
+    for key, ref in expected.items():
+        t, path = tensors[key]
+        if tuple(t.shape) != tuple(ref.shape):
+            raise WeightsError(
+                f"{path}: tensor {key} has shape {tuple(t.shape)}, config.json implies {tuple(ref.shape)}"
+            )
+        if not t.is_floating_point():
+            raise WeightsError(f"{path}: tensor {key} has dtype {t.dtype}, expected floating point")
+
+
+def check_model_dir(directory: str | Path) -> ModelConfig:
+    """What load_model would refuse, found from config.json and the files' headers alone
+    (seconds for any size, no weights in memory): the config, or the error load_model gives."""
+    directory = Path(directory)
+    cfg = ModelConfig.from_pretrained(directory)
+    with torch.device("meta"):
+        shapes = Decoder(cfg, "standard")  # standard: no start-up proof for a shape check
+    _check_tensors(directory, shapes, _read_tensors(directory, header_only=True))
+    return cfg
 
 
 def load_model(
@@ -64,27 +118,8 @@ def load_model(
     cfg = ModelConfig.from_pretrained(directory)
     model = Decoder(cfg, kernels)
     tensors = _read_tensors(directory)
-    if cfg.tie_word_embeddings:
-        tensors.pop("lm_head.weight", None)
-    expected = model.state_dict()
-    missing = sorted(set(expected) - set(tensors))
-    if missing:
-        raise WeightsError(f"{directory}: missing tensors: {', '.join(missing[:8])}"
-                           + (f" (+{len(missing) - 8} more)" if len(missing) > 8 else ""))
-    extra = sorted(k for k in set(tensors) - set(expected) if not k.endswith("rotary_emb.inv_freq"))
-    if extra:
-        raise WeightsError(f"{tensors[extra[0]][1]}: unexpected tensors: {', '.join(extra[:8])}")
-    state = {}
-    for key, ref in expected.items():
-        t, path = tensors[key]
-        if tuple(t.shape) != tuple(ref.shape):
-            raise WeightsError(
-                f"{path}: tensor {key} has shape {tuple(t.shape)}, config.json implies {tuple(ref.shape)}"
-            )
-        if not t.is_floating_point():
-            raise WeightsError(f"{path}: tensor {key} has dtype {t.dtype}, expected floating point")
-        state[key] = t.to(dtype)
-    model.load_state_dict(state)
+    _check_tensors(directory, model, tensors)
+    model.load_state_dict({key: tensors[key][0].to(dtype) for key in model.state_dict()})
     return model.to(dtype)
 
 

@@ -110,8 +110,7 @@ class Session:
                 os.waitpid(pid, 0)
         self._wait(lambda: not self.windows(), 5, "windows to close")
         for entry in os.listdir(self.home):
-            full = os.path.join(self.home, entry)
-            shutil.rmtree(full) if os.path.isdir(full) and not os.path.islink(full) else os.remove(full)
+            _remove(os.path.join(self.home, entry))
         for entry in os.listdir(self.a11y_dir):
             os.remove(os.path.join(self.a11y_dir, entry))
         self._x(["xdotool", "mousemove", str(self.width - 1), str(self.height - 1)])
@@ -285,3 +284,17 @@ def _descendants(root: int) -> set[int]:
                 found.add(child)
                 stack.append(child)
     return found
+
+
+def _remove(path: str) -> None:
+    """Remove a file or a tree. The window manager, which reset keeps, may be writing its
+    font cache under the home at that moment ("Directory not empty"): try again briefly."""
+    for _ in range(20):
+        try:
+            shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.05)
+    shutil.rmtree(path, ignore_errors=True)
