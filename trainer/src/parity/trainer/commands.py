@@ -33,7 +33,7 @@ def train(
     try:
         cfg, run_dir = load_for_cli(config, set_ or [], out, resume, ray_address)
     except (ConfigError, FileNotFoundError) as e:
-        typer.echo(f"parity train: {e}", err=True)
+        typer.echo(f"parity train: {_one_line(e)}", err=True)
         raise typer.Exit(2) from None
     try:
         summary = run_training(cfg, run_dir, resume=resume is not None,
@@ -74,12 +74,11 @@ def _one_line(err: BaseException) -> str:
     if isinstance(cause, BaseException) and cause is not err:
         return _one_line(cause)
     lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
-    if len(lines) > 1:  # a remote traceback as text: keep its final "SomeError: ..." line
-        errors = [ln for ln in lines if ln.split(":")[0].endswith(("Error", "Exception"))]
-        lines = errors[-1:] or lines[-1:]
-        return lines[0]
     ours = type(err).__module__.startswith("parity.")
-    text = lines[0] if lines else type(err).__name__
+    if len(lines) > 1 and not ours:  # a remote traceback as text: its last "SomeError: ..."
+        errors = [ln for ln in lines if ln.split(":")[0].endswith(("Error", "Exception"))]
+        return (errors or lines)[-1]
+    text = "; ".join(lines) or type(err).__name__  # ours: a config error lists every key
     return text if ours or isinstance(err, FileNotFoundError) else f"{type(err).__name__}: {text}"
 
 

@@ -23,8 +23,10 @@ def start_ray(address: str, cfg: TrainConfig) -> None:
     a 2-core laptop (logical CPUs: one learner plus the workers)."""
     if not address:
         # Under `uv run`, Ray would rebuild the workspace into a fresh environment for its
-        # workers; local workers share this interpreter's instead. Read at `import ray`.
+        # workers; local workers share this interpreter's instead. And a local instance
+        # listens on loopback only (Ray's "no cluster" mode). Both read at `import ray`.
         os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     import ray
 
     if ray.is_initialized():
