@@ -5,6 +5,7 @@ the exit code, the one-line message, and that no update is lost or done twice.""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -77,10 +78,8 @@ def no_leftovers():
     before = set(_ray_procs())
     yield
     for pid in set(_ray_procs()) - before:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def _one_line(stderr: str) -> str:
@@ -189,27 +188,22 @@ def _kill_actor(name: str) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
-def test_a_killed_learner_actor_is_restarted_in_the_run(tmp_path, no_leftovers):
+@pytest.mark.parametrize(("actor", "counter", "said"), [
+    ("LearnerActor", "learner_restarts", "restarting the run from step_000002"),
+    ("RolloutWorker", "worker_restarts", ""),
+])
+def test_a_killed_actor_is_restarted_in_the_run(tmp_path, no_leftovers, actor, counter, said):
+    """A dead learner: every actor is replaced from the last checkpoint and its later steps are
+    redone. A dead rollout worker: it is replaced and its groups run again."""
     run = tmp_path / "run"
     proc = _start(run)
-    _wait(lambda: len(_steps(run)) >= 3, proc)
-    _kill_actor("LearnerActor")
-    out, err = proc.communicate(timeout=600)
+    _wait(lambda: len(_steps(run)) >= 3, proc)  # past the step-2 checkpoint
+    _kill_actor(actor)
+    _, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-3000:]
-    assert "the learner actor died" in err and "restarting the run from step_000002" in err
+    assert said in err
     summary = _complete(run, 10)
-    assert summary["learner_restarts"] == 1
-
-
-def test_a_killed_rollout_worker_is_restarted(tmp_path, no_leftovers):
-    run = tmp_path / "run"
-    proc = _start(run)
-    _wait(lambda: len(_steps(run)) >= 2, proc)
-    _kill_actor("RolloutWorker")
-    out, err = proc.communicate(timeout=600)
-    assert proc.returncode == 0, err[-3000:]
-    summary = _complete(run, 10)
-    assert summary["worker_restarts"] >= 1
+    assert summary[counter] >= 1
 
 
 # ---------------------------------------------------------------------------- disk full
