@@ -59,9 +59,9 @@ def run_training(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
     if episode_factory is None:
         backends.check_env(cfg)
     run = RunDir(run_dir, tensorboard=cfg.output.tensorboard)
-    remove_partial(run.checkpoints)  # what a killed checkpoint write left
     segment = run.begin_segment()
     ckpt = _restart_point(run) if resume else None
+    remove_partial(run.checkpoints)  # a fresh run in a used directory, too
     run.save_config(cfg)
     start_ray(cfg.train.ray_address, cfg)
     t0 = time.time()
@@ -113,7 +113,9 @@ def run_training(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
 
 def _restart_point(run: RunDir) -> Checkpoint | None:
     """The run's latest checkpoint, its later records forgotten (they are redone); None,
-    and everything forgotten, when the run never reached one."""
+    and everything forgotten, when the run never reached one. What a checkpoint write that
+    was killed left behind is removed."""
+    remove_partial(run.checkpoints)
     path = latest_checkpoint(run.checkpoints)
     ckpt = load_checkpoint(path) if path is not None else None
     run.truncate_from(ckpt.state["learner"]["version"] if ckpt else 0)
