@@ -58,8 +58,8 @@ def test_the_proof_finds_that_standard_kernels_differ():
 
 _UNTILED = """
 import json
-from parity.model import AlignmentError, Decoder, ModelConfig, kernels
-kernels.ROW_TILE = 1  # the GEMMs' row class taken away: calls of any row count reach the BLAS
+from parity.model import AlignmentError, Decoder, ModelConfig, gemm
+gemm.ROW_TILE = 1  # the GEMMs' row class taken away: calls of any row count reach the BLAS
 cfg = ModelConfig(model_type="qwen2", vocab_size=97, hidden_size=64, intermediate_size=896,
                   num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2)
 try:

@@ -11,15 +11,10 @@ os.environ.setdefault("MKL_CBWR", DEFAULT_MODE)
 
 from parity.model.config import ModelConfig, ModelConfigError
 from parity.model.decoder import Decoder, DenseKV, KVStore
+from parity.model.gemm import ROW_TILE
 from parity.model.io import WeightsError, load_model, save_model
-from parity.model.kernels import (
-    ATTENTION_ROW_MULTIPLE,
-    KV_TILE,
-    ROW_TILE,
-    KernelMode,
-    SeqLayout,
-    get_kernels,
-)
+from parity.model.kernels import KernelMode, get_kernels
+from parity.model.layout import ATTENTION_ROW_MULTIPLE, KV_TILE, SeqLayout
 from parity.model.logprobs import token_logprobs
 from parity.model.selfcheck import AlignmentError, require_alignment
 

@@ -8,7 +8,7 @@ first call; Ray workers inherit it): on Intel it is what keeps GEMMs thread-coun
 
 It is a help, not the guarantee. On AMD (measured on Zen 3 and Zen 4) strict mode still
 computes calls of 1-3 rows on other paths, and MKL ignores a pinned branch there. Aligned
-kernels therefore pad every GEMM's rows to `ROW_TILE` (`parity.model.kernels`), and
+kernels therefore pad every GEMM's rows to `ROW_TILE` (`parity.model.gemm`), and
 `parity.model.selfcheck` proves row and thread invariance on the machine at hand before
 aligned kernels serve. This module only reports what MKL does, for those checks and for the
 benchmarks' JSON.

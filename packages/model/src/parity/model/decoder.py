@@ -14,7 +14,8 @@ import torch
 from torch import nn
 
 from parity.model.config import ModelConfig
-from parity.model.kernels import KernelMode, Kernels, SeqLayout, get_kernels
+from parity.model.kernels import KernelMode, Kernels, get_kernels
+from parity.model.layout import SeqLayout
 from parity.model.rope import RotaryTable, apply_rotary
 from parity.model.selfcheck import require_alignment
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from parity.model.decoder import Decoder, DenseKV
-from parity.model.kernels import SeqLayout
+from parity.model.layout import SeqLayout
 
 
 def _sequence_rows(tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """The proof at start-up: on this machine, aligned kernels give a row the same bits in any call.
 
 Aligned kernels hand every GEMM a row count that is a multiple of ROW_TILE
-(`parity.model.kernels`), so no caller reaches a BLAS's few-row special paths. That the BLAS
+(`parity.model.gemm`), so no caller reaches a BLAS's few-row special paths. That the BLAS
 then keeps one reduction order per row whatever the multiple, the row's offset and the thread
 count is not something every vendor documents, so it is proved here, on a model's own
 shapes, before aligned kernels serve (`Decoder` asks for it), and aligned mode is refused with
@@ -40,7 +40,9 @@ import torch
 
 from parity.model import blas
 from parity.model.config import ModelConfig
-from parity.model.kernels import ALIGNED, KV_TILE, ROW_TILE, Kernels, SeqLayout
+from parity.model.gemm import ROW_TILE
+from parity.model.kernels import ALIGNED, Kernels
+from parity.model.layout import KV_TILE, SeqLayout
 
 PROBE_VERSION = 1
 SMALL_ROWS = tuple(range(1, 65))  # every decode batch and prefill piece up to 64 rows
@@ -113,11 +115,12 @@ def machine() -> dict:
 
 def _kernel_source() -> str:
     """A hash of the code whose arithmetic is proved: a change to it voids cached verdicts."""
-    from parity.model import kernels
+    from parity.model import attention, blas, gemm, kernels, layout, rowwise
 
     h = hashlib.sha256()
-    for source in (kernels.__file__, __file__):
-        h.update(Path(source).read_bytes())
+    for module in (attention, blas, gemm, kernels, layout, rowwise):
+        h.update(Path(module.__file__).read_bytes())
+    h.update(Path(__file__).read_bytes())
     return h.hexdigest()[:16]
 
 

@@ -1,0 +1,167 @@
+"""Attention, aligned and standard.
+
+Aligned: keys in tiles of KV_TILE from absolute position 0; per (piece, KV head) query matrices
+whose rows are zero-padded to ROW_TILE for the score and P*V GEMMs (the softmax runs on the real
+rows only); the softmax max is exact in any order; per-tile sums reduce a fixed-size dimension;
+tiles combine by a pairwise tree that appended zero tiles cannot change, which is why tiles a
+piece cannot see may be skipped. The backward is torch's flash-attention backward, fed with the
+forward's output and log-normaliser. Standard: padded per-group SDPA, as anyone would write it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from parity.model.gemm import gemm, pad_rows
+from parity.model.layout import KV_TILE, Group, SeqLayout
+
+_EXP_FLOOR = -80.0  # e^-80 ~ 1.8e-35: a normal float, far below a sum's last bit
+
+
+def tree_sum(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """Sum over `dim` by adjacent pairs, zero-padded to a power of two.
+
+    Appending zero slices never changes the result bit-wise, so a query gets the same
+    sum whether it sees 3 key tiles or 3 real tiles plus 5 masked ones.
+    """
+    dim = dim % x.dim()
+    n = x.shape[dim]
+    p = 1 << (n - 1).bit_length()
+    if p != n:
+        shape = list(x.shape)
+        shape[dim] = p - n
+        x = torch.cat([x, x.new_zeros(shape)], dim)
+    while x.shape[dim] > 1:
+        x = x.unflatten(dim, (-1, 2))
+        x = x.select(dim + 1, 0) + x.select(dim + 1, 1)
+    return x.squeeze(dim)
+
+
+def _gather_rows(x: torch.Tensor, grp: Group, hkv: int) -> torch.Tensor:
+    """Query-shaped rows x [N, Hq, D] of the group as per-KV-head matrices [g, Hkv, G*R, D]."""
+    n_seq, r = grp.rows.shape
+    hq, d = x.shape[1], x.shape[2]
+    xg = x[grp.rows].view(n_seq, r, hkv, hq // hkv, d).permute(0, 2, 3, 1, 4)
+    return xg.reshape(n_seq, hkv, (hq // hkv) * r, d)
+
+
+def _gather_keys(k: torch.Tensor, grp: Group) -> torch.Tensor:
+    """The group's keys (or values) [g, Hkv, L, D], contiguous: the GEMMs would copy otherwise."""
+    k = k[:, :, : grp.kv_len]
+    return k.contiguous() if grp.every_seq else k.index_select(0, grp.seqs)
+
+
+def _gather_group(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grp: Group
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q rows of the group as [g, Hkv, G*R, D]; its pieces' keys and values [g, Hkv, L, D]."""
+    return _gather_rows(q, grp, k.shape[1]), _gather_keys(k, grp), _gather_keys(v, grp)
+
+
+def _scatter_group(out: torch.Tensor, og: torch.Tensor, grp: Group) -> None:
+    """Write the real rows of per-KV-head matrices og [g, Hkv, G*R, D] back to out [N, Hq, D]."""
+    n_seq, r = grp.rows.shape
+    hq, d = out.shape[1], out.shape[2]
+    hkv = og.shape[1]
+    og = og.reshape(n_seq, hkv, hq // hkv, r, d)
+    out[grp.out_rows] = og.permute(0, 3, 1, 2, 4).reshape(n_seq, r, hq, d)[grp.valid]
+
+
+def _attention_aligned_fwd(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: SeqLayout, scale: float,
+    keep_lse: bool = False,
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Output [N, Hq, D] and, if asked, each group's log-normaliser [g, Hkv, G*R] for backward."""
+    out = q.new_empty(q.shape)
+    g_heads = q.shape[1] // k.shape[1]
+    lses = []
+    for grp in layout.groups(g_heads):
+        qg, kg, vg = _gather_group(q * scale, k, v, grp)
+        real = qg.shape[2]  # G*R rows; the GEMMs see MR = matrix_rows, the softmax only these
+        qg = pad_rows(qg, dim=2)  # [g, Hkv, MR, D]
+        mats = qg.shape[0] * qg.shape[1]
+        s = gemm(mats * grp.kv_len, torch.matmul, qg, kg.transpose(-1, -2))  # [g, Hkv, MR, L]
+        sr = s[:, :, :real].masked_fill_(grp.hidden, float("-inf"))
+        m = sr.amax(-1, keepdim=True)
+        # MKL's exp takes a slow path when its result underflows; below e^-80 a key's weight
+        # is lost in the sum anyway, and hidden keys are zeroed exactly after the exp.
+        sr.sub_(m).clamp_(min=_EXP_FLOOR).exp_().masked_fill_(grp.hidden, 0.0)
+        s[:, :, real:] = 0.0  # padding rows: zero probabilities, dropped below
+        tiles = grp.kv_len // KV_TILE
+        pt = s.unflatten(-1, (tiles, KV_TILE))  # [g, Hkv, MR, T, KT]
+        denom = tree_sum(pt[:, :, :real].sum(-1), dim=-1).unsqueeze(-1)  # [g, Hkv, G*R, 1]
+        pv = gemm(mats * tiles * vg.shape[-1], torch.matmul, pt.transpose(2, 3),
+                   vg.unflatten(2, (tiles, KV_TILE)))  # [g, Hkv, T, MR, D]
+        _scatter_group(out, tree_sum(pv[:, :, :, :real], dim=2) / denom, grp)
+        if keep_lse:
+            lses.append((m + denom.log()).squeeze(-1))
+    return out, lses
+
+
+def attention_standard(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: SeqLayout, scale: float
+) -> torch.Tensor:
+    """Padded per-group SDPA with a boolean causal mask: differentiable, any-kernel math."""
+    hkv = k.shape[1]
+    g_heads = q.shape[1] // hkv
+    outs, rows = [], []
+    for grp in layout.groups(g_heads):
+        qg, kg, vg = _gather_group(q, k, v, grp)
+        n_seq, _, gr, d = qg.shape
+        r = gr // g_heads
+        qh = qg.view(n_seq, hkv * g_heads, r, d)
+        n_keys = grp.kv_exact  # no tiles here: keys cut at the longest sequence, as usual
+        mask = grp.visible(1)[..., :n_keys]  # [g, 1, R, L]
+        o = F.scaled_dot_product_attention(
+            qh, kg[:, :, :n_keys], vg[:, :, :n_keys], attn_mask=mask, scale=scale, enable_gqa=True
+        )
+        o = o.view(n_seq, hkv, g_heads, r, d).permute(0, 3, 1, 2, 4).reshape(n_seq, r, -1, d)
+        outs.append(o[grp.valid])
+        rows.append(grp.out_rows)
+    out = torch.cat(outs)
+    order = torch.cat(rows)
+    return out[torch.argsort(order)]
+
+
+class _AlignedAttention(torch.autograd.Function):
+    """Aligned forward; the backward is torch's flash-attention backward, given the forward's
+    output and log-normaliser, so no [rows x keys] probabilities are kept between the passes."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, layout, scale):  # type: ignore[override]
+        out, lses = _attention_aligned_fwd(q, k, v, layout, scale, keep_lse=True)
+        ctx.save_for_backward(q, k, v, out, *lses)
+        ctx.layout, ctx.scale = layout, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        q, k, v, out, *lses = ctx.saved_tensors
+        gq, gk, gv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        g_heads = q.shape[1] // k.shape[1]
+        for grp, lse in zip(ctx.layout.groups(g_heads), lses, strict=True):
+            qg, kg, vg = _gather_group(q, k, v, grp)
+            # padding rows repeat a real row: their gradient must not count twice
+            dout = _gather_rows(grad, grp, k.shape[1]) * _real_rows(grp, g_heads)
+            og = _gather_rows(out, grp, k.shape[1])
+            dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                dout, qg, kg, vg, og, lse, 0.0, False, attn_mask=grp.bias.to(q.dtype), scale=ctx.scale
+            )
+            _scatter_group(gq, dq, grp)
+            # pieces of one sequence may share a group: accumulate, do not overwrite
+            gk[:, :, : grp.kv_len].index_add_(0, grp.seqs, dk)
+            gv[:, :, : grp.kv_len].index_add_(0, grp.seqs, dv)
+        return gq, gk, gv, None, None
+
+
+def _real_rows(grp: Group, g_heads: int) -> torch.Tensor:
+    """[g, 1, G*R, 1]: 1.0 for real rows of the group's query matrix, 0.0 for padding."""
+    n_seq = grp.valid.shape[0]
+    return grp.valid.unsqueeze(1).expand(-1, g_heads, -1).reshape(n_seq, 1, -1, 1).float()
+
+
+def attention_aligned(q, k, v, layout, scale):
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _AlignedAttention.apply(q, k, v, layout, scale)
+    return _attention_aligned_fwd(q, k, v, layout, scale)[0]

@@ -1,0 +1,155 @@
+"""How the query rows of one forward call split into sequences, and into the attention pieces
+and buckets every layer's attention walks (computed once per call, shared by all layers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import torch
+
+from parity.model.gemm import ROW_TILE
+
+KV_TILE = 64  # keys are visited in tiles of this many, counted from absolute position 0
+QUERY_CHUNK = 64  # query rows per attention piece (see SeqLayout.groups)
+ATTENTION_ROW_MULTIPLE = 8  # prefill pieces round their rows up to this (fewer buckets)
+
+
+def round_up(n: int, m: int) -> int:
+    return (n + m - 1) // m * m
+
+
+@dataclass
+class SeqLayout:
+    """How the N query rows of one forward call split into sequences.
+
+    Rows of one sequence are contiguous: sequence s owns rows
+    `starts[s] : starts[s] + lengths[s]`, whose absolute positions are `positions[rows]`.
+    `kv_lens[s]` is the number of keys sequence s has after this call (its last position
+    + 1). Derived index tensors are computed once and shared by every layer.
+    """
+
+    starts: list[int]
+    lengths: list[int]
+    positions: torch.Tensor  # [N] long
+    kv_lens: list[int]
+
+    @classmethod
+    def from_lengths(cls, lengths: list[int], offsets: list[int] | None = None) -> SeqLayout:
+        """Sequences of `lengths` new tokens, each continuing after `offsets[s]` cached ones."""
+        offsets = offsets or [0] * len(lengths)
+        starts, pos, s = [], [], 0
+        for n, off in zip(lengths, offsets, strict=True):
+            if n < 1:
+                raise ValueError("every sequence in a forward call needs at least one new token")
+            starts.append(s)
+            pos.append(torch.arange(off, off + n))
+            s += n
+        kv = [off + n for n, off in zip(lengths, offsets, strict=True)]
+        return cls(starts, list(lengths), torch.cat(pos), kv)
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.positions.shape[0])
+
+    @cached_property
+    def seq_of_row(self) -> torch.Tensor:
+        """[N] the sequence index of each row."""
+        return torch.repeat_interleave(torch.arange(len(self.lengths)), torch.tensor(self.lengths))
+
+    @cached_property
+    def max_kv_len(self) -> int:
+        return round_up(max(self.kv_lens), KV_TILE)
+
+    def groups(self, g_heads: int) -> list[Group]:
+        """The query rows cut into pieces and bucketed, so that no piece computes what it cannot see.
+
+        Each sequence's rows are cut into pieces of at most QUERY_CHUNK rows; a piece visits
+        only the key tiles its last row can see (causal tiles are skipped, not masked), and a
+        decode step is not padded to a prefill (its query matrix, one row per query head,
+        is padded to ROW_TILE rows at the matrix level). Pieces are bucketed by row count and
+        by their key tile count rounded up to a power of two, which bounds both the wasted
+        tiles (< 2x) and the number of buckets. Skipped tiles would only add exact zeros.
+        """
+        if g_heads not in self._groups:
+            self._groups[g_heads] = self._make_groups(g_heads)
+        return self._groups[g_heads]
+
+    @cached_property
+    def _groups(self) -> dict[int, list[Group]]:
+        return {}
+
+    def attention_scores(self, heads: int, kv_heads: int) -> int:
+        """Attention score elements (padded query-matrix rows x KV heads x keys) of one layer."""
+        return sum(grp.rows.shape[0] * kv_heads * grp.matrix_rows * grp.kv_len
+                   for grp in self.groups(heads // kv_heads))
+
+    def _make_groups(self, g_heads: int) -> list[Group]:
+        buckets: dict[tuple[int, int], list[tuple[int, int, int, int]]] = {}
+        for s, (start, n, kv) in enumerate(zip(self.starts, self.lengths, self.kv_lens, strict=True)):
+            for a in range(0, n, QUERY_CHUNK):
+                rows = min(QUERY_CHUNK, n - a)
+                keys = kv - (n - a - rows)  # what the piece's last row sees
+                tiles = 1 << (-(-keys // KV_TILE) - 1).bit_length()
+                buckets.setdefault((_query_rows(rows), tiles), []).append((s, start + a, rows, keys))
+        out = []
+        for (rpad, _), pieces in sorted(buckets.items()):
+            seqs, first, n, keys = (list(c) for c in zip(*pieces, strict=True))
+            first_t, offset = torch.tensor(first)[:, None], torch.arange(rpad)[None, :]
+            valid = offset < torch.tensor(n)[:, None]
+            # padded rows repeat the piece's first row: finite, and dropped afterwards
+            rows = torch.where(valid, first_t + offset, first_t)
+            kv_exact = max(keys)
+            out.append(Group(
+                torch.tensor(seqs), rows, valid, self.positions[rows], round_up(kv_exact, KV_TILE),
+                kv_exact, g_heads, seqs == list(range(len(self.lengths))),
+            ))
+        return out
+
+
+def _query_rows(n: int) -> int:
+    """Rows a piece of n query rows is padded to (by repeating its first row).
+
+    A decode step keeps its single row; longer pieces round up to ATTENTION_ROW_MULTIPLE so
+    that pieces of similar length share a bucket. Either way the query matrix (G rows per
+    piece row) is then zero-padded to a multiple of ROW_TILE for the GEMMs.
+    """
+    return 1 if n == 1 else round_up(n, ATTENTION_ROW_MULTIPLE)
+
+
+@dataclass
+class Group:
+    seqs: torch.Tensor  # [g] the sequence each piece belongs to
+    rows: torch.Tensor  # [g, R] row indices into the flat batch
+    valid: torch.Tensor  # [g, R] real rows
+    positions: torch.Tensor  # [g, R] absolute positions of the rows
+    kv_len: int  # keys visited, a multiple of KV_TILE
+    kv_exact: int  # the longest piece's real key count
+    g_heads: int  # query heads per KV head, stacked in the query matrix
+    every_seq: bool  # the pieces are the call's sequences 0..S-1, in order
+    out_rows: torch.Tensor = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.out_rows = self.rows[self.valid]
+
+    @property
+    def matrix_rows(self) -> int:
+        """Rows of each query matrix the GEMMs see: G*R real ones padded to ROW_TILE."""
+        return round_up(self.g_heads * self.rows.shape[1], ROW_TILE)
+
+    def visible(self, heads: int) -> torch.Tensor:
+        """[g, 1, heads*R, L] True where a key is visible: key position <= query position."""
+        keys = torch.arange(self.kv_len)
+        m = keys[None, None, :] <= self.positions[:, :, None]
+        return m.unsqueeze(1).expand(-1, heads, -1, -1).reshape(m.shape[0], 1, -1, self.kv_len)
+
+    @cached_property
+    def hidden(self) -> torch.Tensor:
+        """[g, 1, G*R, L] the keys each row of the query matrix must not see (every layer's)."""
+        return ~self.visible(self.g_heads)
+
+    @cached_property
+    def bias(self) -> torch.Tensor:
+        """`hidden` as an additive mask: -inf where hidden, 0 elsewhere."""
+        return torch.zeros(self.hidden.shape).masked_fill_(self.hidden, float("-inf"))

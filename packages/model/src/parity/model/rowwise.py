@@ -1,0 +1,76 @@
+"""RMSNorm and SiLU*mul, aligned and standard.
+
+Aligned forwards give each row the same bits in any call: RMSNorm adds, then normalises by
+`sqrt(mean(x^2) + eps)` (sqrt and division are correctly rounded in every code path; rsqrt
+need not be), reducing a fixed-size last dimension; SiLU is `x / (1 + exp(-x))` with the
+vectorised library exp, which treats every element alike (F.silu's scalar tail loop does not).
+Their backwards are the ordinary gradients, in a few fused passes.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def _rms_norm_fwd(x: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    # sqrt and division are correctly rounded in every code path; rsqrt need not be.
+    rms = torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return x / rms * w, rms
+
+
+class _RMSNorm(torch.autograd.Function):
+    """Aligned forward; the usual RMSNorm gradient, in a few fused passes, for backward."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:  # type: ignore[override]
+        y, rms = _rms_norm_fwd(x, w, eps)
+        ctx.save_for_backward(x, w, rms)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:  # type: ignore[override]
+        x, w, rms = ctx.saved_tensors
+        xhat = x / rms
+        gw = grad * w
+        gx = (gw - xhat * (gw * xhat).mean(-1, keepdim=True)) / rms
+        return gx, (grad * xhat).reshape(-1, x.shape[-1]).sum(0), None
+
+
+def rms_norm_aligned(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad):
+        return _RMSNorm.apply(x, w, eps)
+    return _rms_norm_fwd(x, w, eps)[0]
+
+
+def rms_norm_standard(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def _silu_mul_fwd(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    d = torch.neg(gate).exp_().add_(1)  # one buffer, updated in place: 1 + e^-gate
+    return torch.div(gate, d, out=d).mul_(up)
+
+
+class _SiluMul(torch.autograd.Function):
+    """Aligned forward; the ordinary derivative of silu(gate) * up for backward."""
+
+    @staticmethod
+    def forward(ctx, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        ctx.save_for_backward(gate, up)
+        return _silu_mul_fwd(gate, up)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+        gate, up = ctx.saved_tensors
+        return torch.ops.aten.silu_backward(grad * up, gate), grad * F.silu(gate)
+
+
+def silu_mul_aligned(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    if torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad):
+        return _SiluMul.apply(gate, up)
+    return _silu_mul_fwd(gate, up)
+
+
+def silu_mul_standard(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return F.silu(gate) * up
