@@ -8,8 +8,10 @@ import pytest
 import torch
 
 from parity.engine import Engine, EngineConfig, SamplingParams
+from parity.engine.sequence import Status
 from parity.engine.shapes import random_model
 from parity.model import token_logprobs
+from parity.model.layout import attention_scores
 from parity.model.tokenizer import build_project_tokenizer
 
 
@@ -51,7 +53,9 @@ def test_seeded_request_draws_the_same_tokens_in_any_batch(engine, model):
     sp = SamplingParams(temperature=1.0, max_new_tokens=12, seed=123)
     (alone,) = engine.generate([p], sp)
     other = Engine(model, EngineConfig(kv_blocks=256, max_batch_tokens=7))
-    many = other.generate([*_prompts(5, 9, seed=5), p], [SamplingParams(max_new_tokens=5)] * 5 + [sp])
+    many = other.generate(
+        [*_prompts(5, 9, seed=5), p], [SamplingParams(max_new_tokens=5)] * 5 + [sp]
+    )
     assert many[-1].token_ids == alone.token_ids
     assert many[-1].logprobs == alone.logprobs
 
@@ -59,8 +63,10 @@ def test_seeded_request_draws_the_same_tokens_in_any_batch(engine, model):
 def test_top_k_one_and_tiny_top_p_are_greedy(engine):
     (p,) = _prompts(1, 10, seed=2)
     greedy = engine.generate([p], SamplingParams(temperature=0, max_new_tokens=8))[0].token_ids
-    for sp in (SamplingParams(temperature=1.5, top_k=1, max_new_tokens=8, seed=9),
-               SamplingParams(temperature=1.5, top_p=1e-6, max_new_tokens=8, seed=9)):
+    for sp in (
+        SamplingParams(temperature=1.5, top_k=1, max_new_tokens=8, seed=9),
+        SamplingParams(temperature=1.5, top_p=1e-6, max_new_tokens=8, seed=9),
+    ):
         assert engine.generate([p], sp)[0].token_ids == greedy
 
 
@@ -71,7 +77,9 @@ def test_top_k_restricts_the_draw(engine, model):
     from parity.model import DenseKV, SeqLayout
 
     with torch.no_grad():
-        lp = model.logprobs(model(torch.tensor(toks), SeqLayout.from_lengths([len(toks)]), DenseKV()), 2.0)
+        lp = model.logprobs(
+            model(torch.tensor(toks), SeqLayout.from_lengths([len(toks)]), DenseKV()), 2.0
+        )
     for i, t in enumerate(c.token_ids):
         assert t in lp[len(p) - 1 + i].topk(3).indices.tolist()
 
@@ -80,7 +88,9 @@ def test_stop_token_ends_the_turn_and_is_kept(engine):
     (p,) = _prompts(1, 10, seed=6)
     free = engine.generate([p], SamplingParams(temperature=0, max_new_tokens=8))[0].token_ids
     stop = free[3]
-    c = engine.generate([p], SamplingParams(temperature=0, max_new_tokens=8, stop_token_ids=(stop,)))[0]
+    c = engine.generate(
+        [p], SamplingParams(temperature=0, max_new_tokens=8, stop_token_ids=(stop,))
+    )[0]
     assert c.finish_reason == "stop"
     assert c.token_ids == free[: free.index(stop) + 1]
 
@@ -104,6 +114,46 @@ def test_group_of_samples_shares_the_prompt_kv(model):
     eng.generate([p] * 4, [SamplingParams(max_new_tokens=4, seed=s) for s in range(4)])
     # 3 full blocks (48 tokens) computed once, then hit by the 3 other samples
     assert eng.num_cached_tokens == 3 * 48
+
+
+def test_prefix_caching_off_recomputes_the_same_bits(model):
+    (p,) = _prompts(1, 50, seed=7)
+    params = [SamplingParams(max_new_tokens=4, seed=s) for s in range(4)]
+    cached = Engine(model, EngineConfig(kv_blocks=128)).generate([p] * 4, params)
+    eng = Engine(model, EngineConfig(kv_blocks=128, prefix_caching=False))
+    outs = eng.generate([p] * 4, params)
+    assert eng.num_cached_tokens == 0 and not eng.blocks.cached
+    assert [o.logprobs for o in outs] == [o.logprobs for o in cached]
+
+
+def test_prefill_chunks_fit_the_attention_score_budget(model):
+    """A prompt is chunked so that each step's scores, as the layout counts them, fit the
+    budget; the chunks are the largest that do, and the logprobs stay the learner's."""
+    cfg = model.config
+    budget = 2**15
+    eng = Engine(model, EngineConfig(kv_blocks=64, max_attention_scores=budget))
+    (p,) = _prompts(1, 300, seed=3)
+    seq = eng.make_sequence(p, SamplingParams(max_new_tokens=2, seed=0))
+    eng.add(seq)
+    prefill = []
+    while seq.num_computed < len(p):
+        before = seq.num_computed
+        eng.step()
+        prefill.append((before, seq.num_computed - before))
+    while seq.status is not Status.FINISHED:
+        eng.step()
+    assert sum(n for _, n in prefill) == len(p) and len(prefill) > 1
+    for off, n in prefill:
+        cost = attention_scores([n], [off + n], cfg.num_attention_heads, cfg.kv_heads)
+        assert cost <= budget
+        if off + n < len(p):  # one row more would not have fit
+            assert (
+                attention_scores([n + 1], [off + n + 1], cfg.num_attention_heads, cfg.kv_heads)
+                > budget
+            )
+    c = seq.completion()
+    ref = token_logprobs(model, torch.tensor([p + c.token_ids]), 1.0)[0, len(p) - 1 :]
+    assert torch.equal(torch.tensor(c.logprobs, dtype=torch.float32), ref)
 
 
 def test_multi_turn_continuation_reuses_earlier_turns(model):
@@ -197,7 +247,9 @@ def test_a_thousand_concurrent_episodes(model):
     prompts = torch.randint(0, 101, (1000, 3), generator=g).tolist()
 
     async def main():
-        return await asyncio.gather(*(eng.agenerate(p, SamplingParams(max_new_tokens=2)) for p in prompts))
+        return await asyncio.gather(
+            *(eng.agenerate(p, SamplingParams(max_new_tokens=2)) for p in prompts)
+        )
 
     outs = asyncio.run(main())
     assert [len(o.token_ids) for o in outs] == [2] * 1000

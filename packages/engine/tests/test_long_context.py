@@ -23,8 +23,8 @@ def test_16k_multi_turn_episode_runs_in_bounded_memory():
         turns.append((len(tokens), c))
         tokens = tokens + c.token_ids + torch.randint(0, 101, (4000,), generator=g).tolist()
     # the pool never grows; attention scores per step stay within the configured bound
-    assert eng.pool.nbytes == 2 * 2 * 1100 * 16 * 2 * 16 * 4
-    assert eng.peak_attention_scores <= cfg.max_attention_scores
+    assert eng.runner.pool.nbytes == 2 * 2 * 1100 * 16 * 2 * 16 * 4
+    assert eng.runner.peak_attention_scores <= cfg.max_attention_scores
     # each turn computed only its new tokens: every full block of the turn before was reused
     reused = [(start + len(c.token_ids) - 1) // 16 * 16 for start, c in turns[:-1]]
     assert eng.num_cached_tokens == sum(reused)
@@ -39,9 +39,15 @@ def test_128k_multi_turn_episode_runs_in_bounded_memory():
     """Four 32K-token turns on a one-layer, one-head model (attention cost grows with the
     square of the context): the KV pool and the attention scores stay within their configured
     bounds, earlier turns are reused, and the last turn's logprobs equal the learner's."""
-    model = random_model("test", max_position_embeddings=133120, num_hidden_layers=1,
-                         hidden_size=16, intermediate_size=64, num_attention_heads=1,
-                         num_key_value_heads=1)
+    model = random_model(
+        "test",
+        max_position_embeddings=133120,
+        num_hidden_layers=1,
+        hidden_size=16,
+        intermediate_size=64,
+        num_attention_heads=1,
+        num_key_value_heads=1,
+    )
     cfg = EngineConfig(kv_blocks=8256, max_batch_tokens=4096, max_attention_scores=2**26)
     eng = Engine(model, cfg)
     g = torch.Generator().manual_seed(1)
@@ -55,8 +61,10 @@ def test_128k_multi_turn_episode_runs_in_bounded_memory():
         tokens = tokens + c.token_ids + torch.randint(0, 101, (32764,), generator=g).tolist()
     start, last = turns[-1]
     assert len(turns) == 4 and start + len(last.token_ids) == 131072
-    assert eng.pool.nbytes == 2 * 1 * 8256 * 16 * 1 * 16 * 4  # K and V, 1 layer, 8256 blocks of 16
-    assert eng.peak_attention_scores <= cfg.max_attention_scores
+    assert (
+        eng.runner.pool.nbytes == 2 * 1 * 8256 * 16 * 1 * 16 * 4
+    )  # K and V, 1 layer, 8256 blocks of 16
+    assert eng.runner.peak_attention_scores <= cfg.max_attention_scores
     reused = [(s + len(c.token_ids) - 1) // 16 * 16 for s, c in turns[:-1]]
     assert eng.num_cached_tokens == sum(reused)
     full = torch.tensor([tokens + last.token_ids])

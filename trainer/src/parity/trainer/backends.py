@@ -5,12 +5,18 @@ actors), so the trainer's own modules load without them."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from parity.core.types import SamplingParams, Trajectory
 from parity.trainer.config import TrainConfig
 from parity.trainer.orchestrator import ModelIO
 from parity.trainer.rollout import Backend, EpisodeFn, Generate
+
+if TYPE_CHECKING:
+    import torch
+
+    from parity.engine import EngineConfig
+    from parity.model import ModelConfig
 
 
 def parity_model_io() -> ModelIO:
@@ -38,12 +44,16 @@ def resolve_model_dir(cfg: TrainConfig) -> str:
 def check_model(cfg: TrainConfig, model_dir: str) -> None:
     """Before any actor starts: the model directory holds what load_model needs (checked from
     config.json and the file headers: ModelConfigError / WeightsError name the file and the
-    field or tensor), and aligned kernels are proved on this machine for its shapes
-    (AlignmentError names what failed)."""
+    field or tensor), the `[engine]` KV pool holds one episode of it (ValueError naming the
+    field), and aligned kernels are proved on this machine for its shapes (AlignmentError
+    names what failed)."""
+    import torch
+
     from parity.model import require_alignment
     from parity.model.io import check_model_dir
 
     model_config = check_model_dir(model_dir)
+    engine_config(cfg, model_config, torch.float32)  # the dtype load_model gives
     if cfg.model.kernels == "aligned":
         require_alignment(model_config)
 
@@ -66,14 +76,26 @@ def env_kwargs(cfg: TrainConfig) -> dict[str, Any]:
     return kwargs
 
 
+def engine_config(cfg: TrainConfig, model_config: ModelConfig, dtype: torch.dtype) -> EngineConfig:
+    """The `[engine]` section sized for this model and these episodes (see EngineSection);
+    ValueError naming the field when its KV pool cannot hold one episode."""
+    from parity.engine import EngineConfig
+    from parity.engine.kv_cache import KVPool
+
+    sized = cfg.engine.sized(cfg.episode_tokens, cfg.episodes_in_flight,
+                             model_config.max_position_embeddings,
+                             KVPool.bytes_per_token(model_config, dtype))
+    return EngineConfig(seed=cfg.train.seed, **sized.model_dump(exclude={"kv_memory_gib"}))
+
+
 def engine_backend(cfg: TrainConfig) -> Backend:
-    """The parity engine on the model at `model.path` (version 0 until weights arrive);
-    the kernel mode is the model's."""
-    from parity.engine import Engine, EngineConfig
+    """The parity engine on the model at `model.path` (version 0 until weights arrive),
+    configured by the `[engine]` section; the kernel mode is the model's."""
+    from parity.engine import Engine
     from parity.model import load_model
 
     model = load_model(resolve_model_dir(cfg), kernels=cfg.model.kernels)
-    return Engine(model, EngineConfig(seed=cfg.train.seed))
+    return Engine(model, engine_config(cfg, model.config, next(model.parameters()).dtype))
 
 
 def env_episodes(cfg: TrainConfig) -> EpisodeFn:

@@ -44,6 +44,57 @@ class RolloutSection(StrictModel):
     max_restarts: int = Field(3, ge=0, description="restarts of a crashed worker")
 
 
+class EngineSection(StrictModel):
+    """Each rollout worker's engine (parity.engine.EngineConfig). Left empty, the context and
+    the KV pool are sized from the episodes: `max_model_len` is the episode token limit
+    (`env.kwargs.limits.max_tokens`, else EpisodeLimits' default) capped at the model's
+    max_position_embeddings, and the pool holds every episode a worker runs at once
+    (rollout.group_size x rollout.max_groups_in_flight, at most max_seqs) at that length."""
+
+    kv_blocks: int | None = Field(None, ge=1, description="KV-cache blocks of block_size "
+                                  "tokens; empty: sized from the episodes (or kv_memory_gib)")
+    kv_memory_gib: float | None = Field(None, gt=0, description="size the KV pool by memory "
+                                        "instead (GiB, converted with the model's layers, KV "
+                                        "heads, head dim and dtype)")
+    block_size: Literal[1, 2, 4, 8, 16, 32, 64] = Field(16, description="tokens per KV block "
+                                                        "(divides the attention tile, 64)")
+    max_batch_tokens: int = Field(2048, ge=1, description="new tokens one forward call may "
+                                  "process (decode rows + prefill chunks)")
+    max_seqs: int = Field(256, ge=1, description="sequences holding KV blocks at once")
+    max_model_len: int | None = Field(None, ge=2, description="longest sequence (prompt + "
+                                      "generated); empty: the episode token limit, capped "
+                                      "at the model's max_position_embeddings")
+    max_attention_scores: int = Field(2**26, ge=1, description="attention score elements one "
+                                      "prefill chunk may materialise (bounds long prompts' "
+                                      "memory)")
+    prefix_caching: bool = Field(True, description="reuse the K/V of full blocks whose whole "
+                                 "prefix matches (earlier turns, a group's shared prompt)")
+
+    @model_validator(mode="after")
+    def _one_size(self) -> EngineSection:
+        if self.kv_blocks is not None and self.kv_memory_gib is not None:
+            raise ValueError("set kv_blocks or kv_memory_gib, not both")
+        return self
+
+    def sized(self, episode_tokens: int, episodes: int, max_positions: int,
+              kv_bytes_per_token: int) -> EngineSection:
+        """This section with max_model_len and kv_blocks resolved for a model whose positions
+        end at `max_positions` and whose K/V take `kv_bytes_per_token`; ValueError naming
+        the field when the pool cannot hold one sequence of max_model_len tokens."""
+        max_len = self.max_model_len or min(episode_tokens, max_positions)
+        per_seq = -(-max_len // self.block_size)
+        blocks, field = self.kv_blocks, "kv_blocks"
+        if self.kv_memory_gib is not None:
+            blocks, field = int(self.kv_memory_gib * 2**30) // (kv_bytes_per_token * self.block_size), "kv_memory_gib"
+        if blocks is None:
+            blocks = per_seq * min(episodes, self.max_seqs)
+        if blocks < per_seq:
+            raise ValueError(f"engine.{field}: the KV pool holds {blocks * self.block_size} tokens, "
+                             f"fewer than one episode of {max_len} (engine.max_model_len, else "
+                             f"env.kwargs.limits.max_tokens)")
+        return self.model_copy(update={"kv_blocks": blocks, "kv_memory_gib": None, "max_model_len": max_len})
+
+
 class LossSection(StrictModel):
     is_mode: Literal["token", "tis", "icepop", "none"] = Field(
         "token", description="token: untruncated token-level IS (REINFORCE Zero); tis: "
@@ -122,6 +173,7 @@ class TrainConfig(StrictModel):
     model: ModelSection = Field(default_factory=ModelSection)
     env: EnvSection = Field(default_factory=EnvSection)
     rollout: RolloutSection = Field(default_factory=RolloutSection)
+    engine: EngineSection = Field(default_factory=EngineSection)
     loss: LossSection = Field(default_factory=LossSection)
     optim: OptimSection = Field(default_factory=OptimSection)
     train: TrainSection = Field(default_factory=TrainSection)
@@ -132,6 +184,28 @@ class TrainConfig(StrictModel):
     def max_lag(self) -> int:
         """The effective staleness bound (0 in sync mode)."""
         return 0 if self.train.mode == "sync" else self.train.max_lag
+
+    @property
+    def episodes_in_flight(self) -> int:
+        """Episodes one rollout worker runs at once (each a sequence in its engine)."""
+        return self.rollout.group_size * self.rollout.max_groups_in_flight
+
+    @property
+    def episode_tokens(self) -> int:
+        """The episode token limit: `env.kwargs.limits.max_tokens`, else EpisodeLimits'."""
+        from parity.envs.core import EpisodeLimits  # gymnasium: loaded only when asked
+
+        return int((self.env.kwargs.get("limits") or {}).get("max_tokens", EpisodeLimits.max_tokens))
+
+    @model_validator(mode="after")
+    def _kv_holds_an_episode(self) -> TrainConfig:
+        # An explicit pool is checked here, against the episode as long as the config says
+        # (the model's positions can only shorten it); kv_memory_gib needs the model's shapes
+        # and is checked with the model, before any actor starts (backends.check_model).
+        if self.engine.kv_memory_gib is None:
+            self.engine.sized(self.episode_tokens, self.episodes_in_flight,
+                              max_positions=self.episode_tokens, kv_bytes_per_token=0)
+        return self
 
 
 def load_train_config(path: str | Path | None = None, overrides: list[str] | None = None

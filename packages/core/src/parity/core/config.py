@@ -57,9 +57,15 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 def format_validation_error(err: ValidationError, source: str) -> str:
     lines = [f"{source}: invalid config"]
     for e in err.errors():
-        key = ".".join(str(p) for p in e["loc"]) or "(root)"
-        msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
-        lines.append(f"  {key}: {msg}")
+        key = ".".join(str(p) for p in e["loc"])
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        elif e["type"] == "value_error":
+            msg = str(e["ctx"]["error"])  # our own message, without pydantic's "Value error, "
+        else:
+            msg = e["msg"]
+        # A check across sections has no location; its message names the fields itself.
+        lines.append(f"  {key}: {msg}" if key else f"  {msg}")
     return "\n".join(lines)
 
 

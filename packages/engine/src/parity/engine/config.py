@@ -18,9 +18,9 @@ class EngineConfig:
     max_seqs: sequences that may hold KV blocks (be running) at once.
     max_model_len: longest sequence (prompt + generated); None = the model's
         max_position_embeddings. Also capped by the pool size.
-    max_attention_scores: attention score elements (query rows x heads x keys) one prefill
-        chunk may materialise; long prompts are chunked finer as they grow, so memory stays
-        bounded at any context length (decode rows are never split).
+    max_attention_scores: attention score elements one prefill chunk may materialise, as
+        `parity.model.layout.attention_scores` counts them; long prompts are chunked finer as
+        they grow, so memory stays bounded at any context length (decode rows are never split).
     prefix_caching: reuse full blocks whose content (and whole prefix) matches.
     seed: seeds the per-request sampling seeds of requests that give none.
     """

@@ -1,8 +1,10 @@
-"""The engine: requests in, token ids + recorded logprobs + policy versions out.
+"""The engine's front: requests in (validated, with futures), token ids + recorded
+logprobs + policy versions out.
 
-One `step()` = schedule, one `Decoder.forward` over every scheduled row (decode rows and
-prefill chunks together, KV in the paged pool), sample the rows that reached the end of
-their tokens. The logprob recorded for a token is read straight off
+One `step()` is three calls: `Scheduler.schedule` (which rows compute next),
+`ModelRunner.run` (one `Decoder.forward` over them, KV in the paged pool, and the next
+token of each sequence that reached the end of its tokens) and `postprocess` (append, stop,
+release). The logprob recorded for a token is read straight off
 `model.logprobs(hidden, temperature)`, the learner's own function, so in aligned kernel
 mode it is bit-identical to `token_logprobs` for the same weights and tokens.
 
@@ -27,13 +29,13 @@ import torch
 from parity.core.types import Completion, SamplingParams
 from parity.engine.block_manager import BlockManager
 from parity.engine.config import EngineConfig
-from parity.engine.kv_cache import KVPool, PagedKV
-from parity.engine.sampler import sample, uniforms
-from parity.engine.scheduler import Batch, Scheduler
+from parity.engine.model_runner import ModelRunner
+from parity.engine.postprocess import postprocess
+from parity.engine.scheduler import Scheduler
 from parity.engine.sequence import Sequence, Status
-from parity.engine.stopping import Detokenizer, finish_reason
+from parity.engine.stopping import Detokenizer
 from parity.engine.weights import apply_update, check_update
-from parity.model import Decoder, SeqLayout
+from parity.model import Decoder
 
 
 class EngineInputError(ValueError):
@@ -41,26 +43,28 @@ class EngineInputError(ValueError):
 
 
 class Engine:
-    def __init__(self, model: Decoder, config: EngineConfig | None = None, tokenizer: Detokenizer | None = None) -> None:
-        self.model = model.eval()
-        self.config = config or EngineConfig()
+    def __init__(
+        self,
+        model: Decoder,
+        config: EngineConfig | None = None,
+        tokenizer: Detokenizer | None = None,
+    ) -> None:
+        self.config = config = config or EngineConfig()
         self.tokenizer = tokenizer
         self.version = 0
         cfg = model.config
         self.vocab_size = cfg.vocab_size
-        limit = self.config.max_model_len or cfg.max_position_embeddings
-        self.max_len = min(limit, self.config.kv_blocks * self.config.block_size)
-        dtype = next(model.parameters()).dtype
-        self.pool = KVPool(cfg, self.config.kv_blocks, self.config.block_size, dtype)
-        self.blocks = BlockManager(self.config.kv_blocks, self.config.block_size)
-        self.scheduler = Scheduler(self.config, self.blocks, cfg.num_attention_heads)
+        limit = config.max_model_len or cfg.max_position_embeddings
+        self.max_len = min(limit, config.kv_blocks * config.block_size)
+        self.runner = ModelRunner(model, config.kv_blocks, config.block_size)
+        self.blocks = BlockManager(config.kv_blocks, config.block_size, config.prefix_caching)
+        self.scheduler = Scheduler(config, self.blocks, cfg.num_attention_heads, cfg.kv_heads)
         self._ids = itertools.count()
         self._rng = random.Random(self.config.seed)
         self._lock = threading.RLock()
         self._futures: dict[int, asyncio.Future[Completion]] = {}
         self._loop_task: asyncio.Task[None] | None = None
         self.num_steps = 0
-        self.peak_attention_scores = 0  # largest score matrix of one step (elements, all heads)
 
     @property
     def num_cached_tokens(self) -> int:
@@ -72,7 +76,9 @@ class Engine:
     def make_sequence(self, prompt: Seq[int], sampling: SamplingParams) -> Sequence:
         """Validate one request; raises EngineInputError naming the bad field."""
         if not isinstance(sampling, SamplingParams):
-            raise EngineInputError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
+            raise EngineInputError(
+                f"sampling must be a SamplingParams, got {type(sampling).__name__}"
+            )
         tokens = list(prompt)
         if not tokens:
             raise EngineInputError("prompt is empty: at least one token id is needed")
@@ -88,7 +94,9 @@ class Engine:
             )
         bad = [t for t in sampling.stop_token_ids if not 0 <= t < self.vocab_size]
         if bad:
-            raise EngineInputError(f"stop_token_ids {bad} are not token ids in [0, {self.vocab_size})")
+            raise EngineInputError(
+                f"stop_token_ids {bad} are not token ids in [0, {self.vocab_size})"
+            )
         self._check_stop_strings(sampling.stop_strings)
         seed = sampling.seed if sampling.seed is not None else self._rng.getrandbits(63)
         return Sequence(next(self._ids), tokens, sampling, seed % 2**64, self.max_len)
@@ -119,7 +127,9 @@ class Engine:
     ) -> list[Completion]:
         """Run the prompts to completion, batched together; one Completion per prompt."""
         sampling = sampling or SamplingParams()
-        params = [sampling] * len(prompts) if isinstance(sampling, SamplingParams) else list(sampling)
+        params = (
+            [sampling] * len(prompts) if isinstance(sampling, SamplingParams) else list(sampling)
+        )
         if len(params) != len(prompts):
             raise EngineInputError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
         seqs = []
@@ -141,7 +151,9 @@ class Engine:
 
     # ------------------------------------------------------------------ asyncio API
 
-    async def agenerate(self, prompt_ids: Seq[int], sampling: SamplingParams | None = None) -> Completion:
+    async def agenerate(
+        self, prompt_ids: Seq[int], sampling: SamplingParams | None = None
+    ) -> Completion:
         """One request; concurrent calls on the same event loop are batched together."""
         seq = self.make_sequence(prompt_ids, sampling or SamplingParams())
         loop = asyncio.get_running_loop()
@@ -181,8 +193,8 @@ class Engine:
     def update_weights(self, state: Mapping[str, torch.Tensor], version: int) -> None:
         """Install new weights between steps; a bad update raises and changes nothing."""
         with self._lock:
-            check_update(self.model, state, version)
-            apply_update(self.model, state)
+            check_update(self.runner.model, state, version)
+            apply_update(self.runner.model, state)
             self.version = version
             self.blocks.clear_cache()
             self.scheduler.preempt_all()
@@ -196,57 +208,10 @@ class Engine:
             if not batch.seqs:
                 return []
             self.num_steps += 1
-            hidden, layout = self._forward(batch)
-            rows, ready = [], []
-            for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_new, strict=True)):
-                self.scheduler.computed(seq, n)
-                if seq.num_computed == len(seq.tokens):
-                    rows.append(layout.starts[i] + n - 1)
-                    ready.append(seq)
-            if not ready:
-                return []
-            return self._sample(hidden[rows], ready)
-
-    def _forward(self, batch: Batch) -> tuple[torch.Tensor, SeqLayout]:
-        flat: list[int] = []
-        for seq, n in zip(batch.seqs, batch.num_new, strict=True):
-            flat += seq.tokens[seq.num_computed : seq.num_computed + n]
-        layout = SeqLayout.from_lengths(batch.num_new, [s.num_computed for s in batch.seqs])
-        cfg = self.model.config
-        scores = layout.attention_scores(cfg.num_attention_heads, cfg.kv_heads)
-        self.peak_attention_scores = max(self.peak_attention_scores, scores)
-        kv = PagedKV.build(self.pool, [s.block_table for s in batch.seqs], layout)
-        with torch.no_grad():
-            return self.model(torch.tensor(flat), layout, kv), layout
-
-    def _sample(self, hidden: torch.Tensor, seqs: list[Sequence]) -> list[Sequence]:
-        temps = [s.params.temperature or 1.0 for s in seqs]  # greedy records T=1
-        with torch.no_grad():
-            if len(set(temps)) == 1:
-                lp = self.model.logprobs(hidden, temps[0])
-            else:
-                lp = torch.empty(len(seqs), self.vocab_size)
-                for t in set(temps):
-                    idx = [j for j, x in enumerate(temps) if x == t]
-                    lp[idx] = self.model.logprobs(hidden[idx], t)
-            tokens = sample(
-                lp,
-                torch.tensor([s.params.temperature == 0 for s in seqs]),
-                torch.tensor([s.params.top_k for s in seqs]),
-                torch.tensor([s.params.top_p for s in seqs], dtype=torch.float64),
-                uniforms([s.seed for s in seqs], [len(s.tokens) for s in seqs]),
-            )
-            chosen = lp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-        finished = []
-        for seq, t, logp in zip(seqs, tokens.tolist(), chosen.tolist(), strict=True):
-            seq.tokens.append(t)
-            seq.logprobs.append(logp)
-            seq.versions.append(self.version)
-            reason = finish_reason(seq, self.tokenizer)
-            if reason is not None:
-                self.scheduler.finish(seq, reason)
-                finished.append(seq)
+            sampled = self.runner.run(batch)
+            finished = postprocess(self.scheduler, batch, sampled, self.version, self.tokenizer)
+            for seq in finished:
                 fut = self._futures.get(seq.seq_id)
                 if fut is not None and not fut.done():
                     fut.set_result(seq.completion())
-        return finished
+            return finished

@@ -14,7 +14,9 @@ class KVPool:
     into one contiguous [L, D] matrix: the layout attention's GEMMs read without a copy.
     """
 
-    def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype) -> None:
+    def __init__(
+        self, cfg: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype
+    ) -> None:
         shape = (cfg.num_hidden_layers, num_blocks, cfg.kv_heads, block_size, cfg.dim_per_head)
         self.k = torch.zeros(shape, dtype=dtype)
         self.v = torch.zeros(shape, dtype=dtype)
@@ -24,6 +26,11 @@ class KVPool:
     @property
     def nbytes(self) -> int:
         return 2 * self.k.numel() * self.k.element_size()
+
+    @staticmethod
+    def bytes_per_token(cfg: ModelConfig, dtype: torch.dtype) -> int:
+        """K and V of one token slot, every layer: what a memory budget is divided by."""
+        return 2 * cfg.num_hidden_layers * cfg.kv_heads * cfg.dim_per_head * dtype.itemsize
 
 
 class PagedKV:
@@ -43,10 +50,14 @@ class PagedKV:
     def build(cls, pool: KVPool, tables: list[list[int]], layout: SeqLayout) -> PagedKV:
         bs, heads = pool.block_size, pool.heads
         n_blocks = layout.max_kv_len // bs
-        padded = torch.tensor([t[:n_blocks] + [0] * (n_blocks - len(t)) for t in tables], dtype=torch.long)
+        padded = torch.tensor(
+            [t[:n_blocks] + [0] * (n_blocks - len(t)) for t in tables], dtype=torch.long
+        )
         pos = layout.positions
         blocks = padded[layout.seq_of_row, pos // bs]
-        slots = ((blocks[:, None] * len(heads) + heads[None, :]) * bs + (pos % bs)[:, None]).flatten()
+        slots = (
+            (blocks[:, None] * len(heads) + heads[None, :]) * bs + (pos % bs)[:, None]
+        ).flatten()
         slabs = (padded[:, None, :] * len(heads) + heads[None, :, None]).flatten()
         return cls(pool, slots, slabs)
 

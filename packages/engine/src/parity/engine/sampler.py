@@ -17,6 +17,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from parity.engine.sequence import Sequence
+from parity.model import Decoder
+
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
@@ -38,7 +41,11 @@ def _draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 
 def sample(
-    lp: torch.Tensor, greedy: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, u: torch.Tensor
+    lp: torch.Tensor,
+    greedy: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    u: torch.Tensor,
 ) -> torch.Tensor:
     """Token ids [B] from log-probabilities `lp` [B, V] (fp32, temperature applied).
 
@@ -62,3 +69,27 @@ def sample(
         j = _draw(p_sorted * keep, u[restricted])
         out[restricted] = order.gather(-1, j.unsqueeze(-1)).squeeze(-1)
     return out
+
+
+def next_tokens(
+    model: Decoder, hidden: torch.Tensor, seqs: list[Sequence]
+) -> tuple[list[int], list[float]]:
+    """The next token of each sequence from its last hidden row [B, H], and the logprob to
+    record: `model.logprobs` (the learner's function) at the request's temperature."""
+    temps = [s.params.temperature or 1.0 for s in seqs]  # greedy records T=1
+    if len(set(temps)) == 1:
+        lp = model.logprobs(hidden, temps[0])
+    else:
+        lp = torch.empty(len(seqs), model.config.vocab_size)
+        for t in set(temps):
+            idx = [j for j, x in enumerate(temps) if x == t]
+            lp[idx] = model.logprobs(hidden[idx], t)
+    tokens = sample(
+        lp,
+        torch.tensor([s.params.temperature == 0 for s in seqs]),
+        torch.tensor([s.params.top_k for s in seqs]),
+        torch.tensor([s.params.top_p for s in seqs], dtype=torch.float64),
+        uniforms([s.seed for s in seqs], [len(s.tokens) for s in seqs]),
+    )
+    chosen = lp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    return tokens.tolist(), chosen.tolist()

@@ -4,7 +4,9 @@ Every step, running sequences go first (a decode row each, or the next chunk of 
 then waiting ones are admitted while the token budget, the sequence limit and the free
 blocks allow. Prompts longer than the remaining budget are prefilled in chunks. When the
 pool runs out of blocks, the most recently admitted sequence is preempted: its blocks are
-released (full ones stay findable in the prefix cache) and it is recomputed later.
+released (full ones stay findable in the prefix cache) and it is recomputed later. How
+many rows of a prompt one call computes is also bounded by their attention scores, as
+`parity.model.layout` counts them.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 from parity.engine.block_manager import BlockManager
 from parity.engine.config import EngineConfig
 from parity.engine.sequence import Sequence, Status
-from parity.model import ATTENTION_ROW_MULTIPLE, KV_TILE
+from parity.model.layout import rows_within
 
 
 @dataclass
@@ -27,9 +29,11 @@ class Batch:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, blocks: BlockManager, num_heads: int) -> None:
+    def __init__(
+        self, config: EngineConfig, blocks: BlockManager, heads: int, kv_heads: int
+    ) -> None:
         self.config = config
-        self.num_heads = num_heads
+        self.heads, self.kv_heads = heads, kv_heads
         self.blocks = blocks
         self.bs = config.block_size
         self.waiting: deque[Sequence] = deque()
@@ -50,7 +54,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget:
             seq = self.running[i]
-            n = min(seq.num_uncomputed, budget, self._chunk_cap(seq))
+            n = self._chunk(seq.num_computed, min(seq.num_uncomputed, budget))
             if not self._grow(seq, n):
                 break  # seq itself was preempted; nothing after it is left
             batch.seqs.append(seq)
@@ -72,11 +76,12 @@ class Scheduler:
                 budget -= n
         return batch
 
-    def _chunk_cap(self, seq: Sequence) -> int:
-        """Most new rows of seq whose attention scores fit max_attention_scores."""
-        keys = -(-len(seq.tokens) // KV_TILE) * KV_TILE
-        rows = self.config.max_attention_scores // (self.num_heads * keys)
-        return max(ATTENTION_ROW_MULTIPLE, rows // ATTENTION_ROW_MULTIPLE * ATTENTION_ROW_MULTIPLE)
+    def _chunk(self, computed: int, limit: int) -> int:
+        """Most of a sequence's next `limit` rows, after `computed` cached ones, whose
+        attention scores fit max_attention_scores."""
+        return rows_within(
+            self.config.max_attention_scores, computed, limit, self.heads, self.kv_heads
+        )
 
     def _blocks_needed(self, seq: Sequence, n: int) -> int:
         return -(-(seq.num_computed + n) // self.bs) - len(seq.block_table)
@@ -94,30 +99,16 @@ class Scheduler:
 
     def _pending_hashes(self) -> set[int]:
         """Hashes of full blocks that running sequences are about to compute."""
-        out: set[int] = set()
-        if not self.config.prefix_caching:
-            return out
-        for seq in self.running:
-            full = len(seq.tokens) // self.bs
-            done = seq.num_computed // self.bs
-            if done < full:
-                out.update(seq.full_block_hashes(full, self.bs)[done:])
-        return out
+        return {h for seq in self.running for h in self.blocks.to_compute(seq)}
 
     def _admit(self, seq: Sequence, budget: int, pending: set[int]) -> int:
         """Start `seq` with its prefix-cache hits; tokens scheduled, 0 = defer, -1 = no room."""
-        hits: list[int] = []
-        # The last token is always computed (its logits are needed), in a block of its own.
-        usable = (len(seq.tokens) - 1) // self.bs
-        if self.config.prefix_caching and usable:
-            hashes = seq.full_block_hashes(usable, self.bs)
-            hits = self.blocks.lookup(hashes, seq.tokens)
-            # Another sequence is computing our next block right now: wait one step, then hit.
-            if len(hits) < usable and hashes[len(hits)] in pending:
-                return 0
+        hits = self.blocks.lookup(seq, pending)
+        if hits is None:
+            return 0
         reuse_free = sum(1 for b in hits if self.blocks.ref[b] == 0)
         computed = len(hits) * self.bs
-        n = min(len(seq.tokens) - computed, budget, self._chunk_cap(seq))
+        n = self._chunk(computed, min(len(seq.tokens) - computed, budget))
         need = -(-(computed + n) // self.bs) - len(hits)
         if self.blocks.num_free - reuse_free < need:
             return -1
@@ -128,8 +119,7 @@ class Scheduler:
         seq.status = Status.RUNNING
         self.waiting.remove(seq)
         self.running.append(seq)
-        if self.config.prefix_caching:
-            pending.update(seq.full_block_hashes(len(seq.tokens) // self.bs, self.bs)[len(hits) :])
+        pending.update(self.blocks.to_compute(seq))
         return n
 
     def preempt(self, seq: Sequence) -> None:
@@ -151,13 +141,8 @@ class Scheduler:
 
     def computed(self, seq: Sequence, n: int) -> None:
         """n more tokens of seq have K/V in the cache; newly full blocks join the prefix cache."""
-        before = seq.num_computed // self.bs
         seq.num_computed += n
-        after = seq.num_computed // self.bs
-        if self.config.prefix_caching and after > before:
-            hashes = seq.full_block_hashes(after, self.bs)
-            for i in range(before, after):
-                self.blocks.register(seq.block_table[i], hashes[i], seq.tokens[i * self.bs : (i + 1) * self.bs])
+        self.blocks.register(seq, seq.num_computed - n)
 
     def preempt_all(self) -> None:
         """Send every running sequence back to recompute (after a weight update)."""

@@ -33,7 +33,7 @@ class Sequence:
     status: Status = Status.WAITING
     num_computed: int = 0
     block_table: list[int] = field(default_factory=list)
-    block_hashes: list[int] = field(default_factory=list)
+    block_hashes: list[int] = field(default_factory=list)  # memo of BlockManager.hashes
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     finish_reason: str | None = None
@@ -48,18 +48,6 @@ class Sequence:
     @property
     def num_uncomputed(self) -> int:
         return len(self.tokens) - self.num_computed
-
-    def full_block_hashes(self, n_blocks: int, block_size: int) -> list[int]:
-        """Chained content hashes of the first `n_blocks` full blocks (computed lazily).
-
-        A block's hash covers its tokens and, through its parent's hash, every token before
-        it: equal hashes mean equal prefixes (the block manager also compares the tokens).
-        """
-        while len(self.block_hashes) < n_blocks:
-            i = len(self.block_hashes)
-            parent = self.block_hashes[-1] if i else 0
-            self.block_hashes.append(hash((parent, *self.tokens[i * block_size : (i + 1) * block_size])))
-        return self.block_hashes[:n_blocks]
 
     def completion(self) -> Completion:
         return Completion(

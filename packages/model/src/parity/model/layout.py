@@ -4,6 +4,7 @@ and buckets every layer's attention walks (computed once per call, shared by all
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -82,17 +83,15 @@ class SeqLayout:
 
     def attention_scores(self, heads: int, kv_heads: int) -> int:
         """Attention score elements (padded query-matrix rows x KV heads x keys) of one layer."""
-        return sum(grp.rows.shape[0] * kv_heads * grp.matrix_rows * grp.kv_len
-                   for grp in self.groups(heads // kv_heads))
+        return attention_scores(self.lengths, self.kv_lens, heads, kv_heads)
 
     def _make_groups(self, g_heads: int) -> list[Group]:
         buckets: dict[tuple[int, int], list[tuple[int, int, int, int]]] = {}
-        for s, (start, n, kv) in enumerate(zip(self.starts, self.lengths, self.kv_lens, strict=True)):
-            for a in range(0, n, QUERY_CHUNK):
-                rows = min(QUERY_CHUNK, n - a)
-                keys = kv - (n - a - rows)  # what the piece's last row sees
-                tiles = 1 << (-(-keys // KV_TILE) - 1).bit_length()
-                buckets.setdefault((_query_rows(rows), tiles), []).append((s, start + a, rows, keys))
+        for s, (start, n, kv) in enumerate(
+            zip(self.starts, self.lengths, self.kv_lens, strict=True)
+        ):
+            for a, rows, keys in _pieces(n, kv):
+                buckets.setdefault(_bucket(rows, keys), []).append((s, start + a, rows, keys))
         out = []
         for (rpad, _), pieces in sorted(buckets.items()):
             seqs, first, n, keys = (list(c) for c in zip(*pieces, strict=True))
@@ -101,11 +100,70 @@ class SeqLayout:
             # padded rows repeat the piece's first row: finite, and dropped afterwards
             rows = torch.where(valid, first_t + offset, first_t)
             kv_exact = max(keys)
-            out.append(Group(
-                torch.tensor(seqs), rows, valid, self.positions[rows], round_up(kv_exact, KV_TILE),
-                kv_exact, g_heads, seqs == list(range(len(self.lengths))),
-            ))
+            out.append(
+                Group(
+                    torch.tensor(seqs),
+                    rows,
+                    valid,
+                    self.positions[rows],
+                    round_up(kv_exact, KV_TILE),
+                    kv_exact,
+                    g_heads,
+                    seqs == list(range(len(self.lengths))),
+                )
+            )
         return out
+
+
+def _pieces(n: int, kv: int) -> list[tuple[int, int, int]]:
+    """(first row, rows, keys its last row sees) of each piece of a sequence's n new rows
+    that end at kv keys: cut every QUERY_CHUNK rows from the first."""
+    return [
+        (a, min(QUERY_CHUNK, n - a), kv - max(0, n - a - QUERY_CHUNK))
+        for a in range(0, n, QUERY_CHUNK)
+    ]
+
+
+def _bucket(rows: int, keys: int) -> tuple[int, int]:
+    """A piece's bucket: its padded row count and its key tiles rounded up to a power of two."""
+    return _query_rows(rows), 1 << (-(-keys // KV_TILE) - 1).bit_length()
+
+
+def attention_scores(
+    lengths: Sequence[int], kv_lens: Sequence[int], heads: int, kv_heads: int
+) -> int:
+    """Score elements one attention layer materialises for sequences of `lengths` new rows
+    ending at `kv_lens` keys: per bucket of `SeqLayout.groups`, pieces x KV heads x padded
+    query-matrix rows x the bucket's longest keys (rounded up to KV_TILE). Computed from the
+    bucketing rule alone, without tensors, so that a scheduler can price a chunk it has not
+    built yet."""
+    count: dict[tuple[int, int], int] = {}
+    longest: dict[tuple[int, int], int] = {}
+    for n, kv in zip(lengths, kv_lens, strict=True):
+        for _, rows, keys in _pieces(n, kv):
+            b = _bucket(rows, keys)
+            count[b] = count.get(b, 0) + 1
+            longest[b] = max(longest.get(b, 0), keys)
+    g_heads = heads // kv_heads
+    return sum(
+        c * kv_heads * round_up(g_heads * b[0], ROW_TILE) * round_up(longest[b], KV_TILE)
+        for b, c in count.items()
+    )
+
+
+def rows_within(budget: int, offset: int, limit: int, heads: int, kv_heads: int) -> int:
+    """Most new rows (at most `limit`) of one sequence after `offset` cached tokens whose
+    attention scores alone fit `budget`; never fewer than min(limit, ATTENTION_ROW_MULTIPLE),
+    so that a long prompt always advances."""
+    lo = min(limit, ATTENTION_ROW_MULTIPLE)
+    hi = limit
+    while lo < hi:  # the scores grow with the rows: binary search for the last that fits
+        mid = (lo + hi + 1) // 2
+        if attention_scores([mid], [offset + mid], heads, kv_heads) <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def _query_rows(n: int) -> int:
