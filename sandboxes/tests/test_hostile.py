@@ -1,5 +1,7 @@
 """The hostile suite, on both backends: each program is contained, the call returns with the
-right flag, the host is unchanged, and no process of the sandbox outlives `close()`.
+right flag, the host is unchanged, and no process of the sandbox outlives `close()`. The
+guest tests at the end check the same for any program launched from a GuestSpec (the
+desktop's own spec runs them in envs/tests/desktop/test_desktop_hostile.py).
 
 Timing: calls run with timeout_s=3; "returns in time" is checked against timeout + 20 s, a
 hang detector rather than a speed threshold.
@@ -14,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from parity.sandboxes import Limits, Sandbox, open_sandbox
+from parity.sandboxes import Bind, Guest, GuestSpec, Limits, Sandbox, launch_guest, open_sandbox
 
 pytestmark = pytest.mark.timeout(180)
 HANG_MARGIN_S = 20.0
@@ -225,3 +227,138 @@ def test_signals_to_the_helper_are_ignored(sb: Sandbox) -> None:
     code = "import os, signal\nfor sig in (2, 15, 1, 10, 9):\n    os.kill(1, sig)\nprint('sent')"
     assert sb.run_python(code).stdout == "sent\n"
     assert sb.ping() and sb.run(["echo", "alive"]).stdout == "alive\n"
+
+
+# -- any guest program (GuestSpec), on both backends: the same containment as the helper --
+
+GUEST_LIMITS = Limits(memory_mb=128, max_procs=32, disk_mb=16)
+
+
+def run_guest(backend: str, code: str, token: str, **spec: object) -> tuple[Guest, str]:
+    """Launch `python3 -c code` as a guest with a socket folder at /run/out, wait for it to
+    end, and return it (still open) with what it wrote to /run/out/result."""
+    argv = ("python3", "-c", f"{code}\n# {token}")
+    guest = launch_guest(backend, GuestSpec(argv, GUEST_LIMITS, socket_dir="/run/out", **spec))  # type: ignore[arg-type]
+    deadline = time.monotonic() + 60
+    while guest.running() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert guest.socket_dir is not None
+    result = guest.socket_dir / "result"
+    return guest, result.read_text() if result.exists() else ""
+
+
+def test_guest_has_no_network_but_its_socket_folder(backend: str, token: str) -> None:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    server.setblocking(False)
+    code = (
+        "import socket\nout = []\n"
+        f"for addr in [('127.0.0.1', {server.getsockname()[1]}), ('10.255.255.1', 80)]:\n"
+        "    try:\n        socket.create_connection(addr, timeout=1)\n        out.append('connected')\n"
+        "    except OSError as e:\n        out.append(type(e).__name__)\n"
+        "try:\n    socket.getaddrinfo('example.com', 80)\nexcept OSError as e:\n"
+        "    out.append(type(e).__name__)\n"
+        "open('/run/out/result', 'w').write(' '.join(out))"
+    )
+    guest, result = run_guest(backend, code, token)
+    guest.close()
+    refused, unreachable, dns = result.split()
+    assert refused == "ConnectionRefusedError"  # its own loopback, not the host's
+    assert unreachable in ("OSError", "TimeoutError") and dns == "gaierror"
+    with pytest.raises(BlockingIOError):
+        server.accept()
+    server.close()
+
+
+def test_guest_writes_only_into_its_writable_binds(
+    backend: str, token: str, tmp_path: Path
+) -> None:
+    ro, rw = tmp_path / "ro", tmp_path / "rw"
+    ro.mkdir()
+    rw.mkdir()
+    rw.chmod(0o777)  # the guest's uid writes here
+    (tmp_path / "secret.txt").write_text("host-secret-4821")
+    targets = [
+        "/usr/x",
+        "/etc/x",
+        "/x",
+        "/ro/x",
+        "/rw/x",
+        f"{tmp_path}/x",
+        f"{tmp_path}/secret.txt",
+    ]
+    code = (
+        "out = []\n"
+        f"for path in {targets!r}:\n"
+        "    try:\n        open(path, 'a').write('pwned')\n        out.append('wrote')\n"
+        "    except OSError as e:\n        out.append(type(e).__name__)\n"
+        "open('/run/out/result', 'w').write(' '.join(out))"
+    )
+    binds = (Bind(str(ro), "/ro"), Bind(str(rw), "/rw", writable=True))
+    guest, result = run_guest(backend, code, token, binds=binds)
+    guest.close()
+    outcome = dict(zip(targets, result.split(), strict=True))
+    assert outcome.pop("/rw/x") == "wrote" and (rw / "x").read_text() == "pwned"
+    assert "wrote" not in outcome.values(), outcome
+    assert list(ro.iterdir()) == [] and not (tmp_path / "x").exists()
+    assert (tmp_path / "secret.txt").read_text() == "host-secret-4821"
+
+
+def test_guest_limits_are_enforced(backend: str, token: str) -> None:
+    code = (
+        "import os, time\nout = []\nn = 0\ntry:\n    for _ in range(500):\n"
+        "        if os.fork() == 0:\n            time.sleep(30)\n            os._exit(0)\n"
+        "        n += 1\nexcept OSError as e:\n    out.append(f'forks {n < 32} {e.errno}')\n"
+        "try:\n    open('/tmp/big', 'wb').write(b'0' * (32 << 20))\nexcept OSError as e:\n"
+        "    out.append(f'file {e.errno}')\n"
+        "open('/run/out/result', 'w').write('\\n'.join(out))\n"
+        "x = b'x' * (1 << 30)\nopen('/run/out/result', 'a').write('survived')"
+    )
+    guest, result = run_guest(backend, code, token)
+    guest.close()
+    # EAGAIN below max_procs; EFBIG (RLIMIT_FSIZE) or ENOSPC (tmpfs size); the bomb dies.
+    forks, file, *rest = result.splitlines()
+    assert forks == "forks True 11" and file in ("file 27", "file 28") and rest == [], result
+
+
+GUEST_OWNER = """
+import os, signal, sys
+from parity.sandboxes import GuestSpec, launch_guest
+guest = launch_guest(sys.argv[1], GuestSpec(("python3", "-c", "import time; time.sleep(1000)  # " + %r)))
+print(guest.host_dir, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)  # the owner dies without closing anything
+"""
+
+
+def test_guest_leaves_nothing_running_after_its_owner_is_killed(
+    backend: str, token: str, survivors: Callable[[], list[int]]
+) -> None:
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", GUEST_OWNER % token, backend],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == -9 and proc.stdout, proc.stderr
+    for _ in range(300):  # the engine needs a moment to notice a closed attach socket
+        if not survivors():
+            break
+        time.sleep(0.1)
+    assert survivors() == []
+    from pathlib import Path
+
+    from parity.sandboxes.guest import remove_orphan_dirs
+
+    host_dir = Path(proc.stdout.strip())
+    assert host_dir.is_dir()  # nobody closed it; the next guest's start removes it
+    remove_orphan_dirs()
+    assert not host_dir.exists()
+    if backend == "docker":  # the exited container goes with the next guest's start
+        from parity.sandboxes.docker_backend import LABEL, docker_client, remove_stale_containers
+
+        client = docker_client()
+        remove_stale_containers(client)
+        left = client.containers.list(all=True, filters={"label": LABEL})
+        assert not [c for c in left if token in " ".join(c.attrs["Config"]["Cmd"])]

@@ -13,14 +13,14 @@ pytestmark = needs_desktop
 
 def test_oracle_turns_score_one_and_giving_up_scores_zero() -> None:
     env = make_env("parity/DesktopText-v0", backend="local")
-    assert isinstance(env, DesktopTextEnv)
+    assert isinstance(env.unwrapped, DesktopTextEnv)
     try:
         obs, _ = env.reset(options={"task": {"task_id": "files-rename"}})
         assert obs["messages"][1]["content"].startswith("In the file manager, rename a.txt to b.txt.")
         assert "list-item\ta.txt" in obs["messages"][1]["content"] and obs["token_ids"]
         done, reward = False, 0.0
         while not done:
-            obs, reward, terminated, truncated, info = env.step(env.oracle_action())
+            obs, reward, terminated, truncated, info = env.step(env.unwrapped.oracle_action())
             done = terminated or truncated
         assert (reward, info["finish_reason"]) == (1.0, "done")
         env.reset(options={"task": {"task_id": "files-rename"}})
@@ -28,7 +28,7 @@ def test_oracle_turns_score_one_and_giving_up_scores_zero() -> None:
         assert obs["messages"][0]["content"].startswith("error: coordinate x=99999 is off screen")
         _, reward, terminated, _, info = env.step("FAIL")
         assert (reward, terminated, info["metrics"]["parse_errors"]) == (0.0, True, 1.0)
-        check_env(env, skip_render_check=True)
+        check_env(env.unwrapped, skip_render_check=True)
     finally:
         env.close()
 

@@ -7,8 +7,9 @@ import os
 import pytest
 
 from parity.envs.desktop.env import DesktopEnv
-from parity.envs.desktop.sandbox import IMAGE, LABEL, pick_backend
+from parity.envs.desktop.sandbox import IMAGE, pick_backend
 from parity.envs.desktop.solutions import play
+from parity.sandboxes.docker_backend import LABEL
 
 pytestmark = pytest.mark.docker
 
@@ -42,7 +43,7 @@ def test_docker_desktop_runs_tasks_and_is_hardened(docker_client) -> None:
     try:
         assert play(env, "sheet-add-row", "oracle")[0] == 1.0
         assert play(env, "terminal-write-answer", "wrong")[0] == 0.0
-        container = env.sandbox._container  # type: ignore[union-attr]
+        container = env.sandbox.guest.container  # type: ignore[union-attr]
         host = container.attrs["HostConfig"]
         assert host["NetworkMode"] == "none" and host["ReadonlyRootfs"] is True
         assert host["CapDrop"] == ["ALL"] and host["SecurityOpt"] == ["no-new-privileges"]

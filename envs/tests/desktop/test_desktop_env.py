@@ -7,6 +7,7 @@ import os
 import signal
 import struct
 import threading
+import time
 import zlib
 
 import gymnasium as gym
@@ -119,7 +120,7 @@ def test_fail_action_scores_zero_on_a_feasible_task(env: DesktopEnv) -> None:
 
 def test_crashed_app_leaves_a_working_desktop(env: DesktopEnv) -> None:
     env.reset(options={"task_id": "files-new-folder"})
-    os.kill(guest_pid(env.sandbox._proc.pid, "guest.apps.files"), signal.SIGKILL)  # type: ignore[union-attr]
+    os.kill(guest_pid(env.sandbox.guest.pid, "guest.apps.files"), signal.SIGKILL)  # type: ignore[union-attr]
     obs, _, terminated, _, info = env.step("WAIT")
     assert "error" not in info and not terminated
     assert "Files -" not in obs["accessibility_tree"]
@@ -128,7 +129,7 @@ def test_crashed_app_leaves_a_working_desktop(env: DesktopEnv) -> None:
 
 def test_hung_app_is_reported_not_waited_for(env: DesktopEnv) -> None:
     env.reset(options={"task_id": "settings-dark-mode"})
-    pid = guest_pid(env.sandbox._proc.pid, "guest.apps.settings")  # type: ignore[union-attr]
+    pid = guest_pid(env.sandbox.guest.pid, "guest.apps.settings")  # type: ignore[union-attr]
     os.kill(pid, signal.SIGSTOP)
     try:
         obs, _, terminated, _, info = env.step('{"action_type": "CLICK", "parameters": {"x": 30, "y": 40}}')
@@ -144,7 +145,7 @@ def test_dead_x_server_ends_the_episode_and_the_next_starts_fresh() -> None:
     try:
         env.reset(options={"task_id": "textedit-new-file"})
         old_socket = env.sandbox.socket  # type: ignore[union-attr]
-        os.kill(guest_pid(env.sandbox._proc.pid, "Xvfb :0"), signal.SIGKILL)  # type: ignore[union-attr]
+        os.kill(guest_pid(env.sandbox.guest.pid, "Xvfb :0"), signal.SIGKILL)  # type: ignore[union-attr]
         obs, reward, terminated, truncated, info = env.step("pyautogui.write('x')")
         assert (reward, terminated, truncated) == (0.0, True, False)
         assert "X server exited" in info["failure"] and obs["feedback"].startswith("error: the desktop failed")
@@ -159,8 +160,9 @@ def test_killed_sandbox_is_replaced_on_reset() -> None:
     env = DesktopEnv(backend="local")
     try:
         env.reset(options={"task_id": "terminal-make-folder"})
-        os.killpg(env.sandbox._proc.pid, signal.SIGKILL)  # type: ignore[union-attr]
-        env.sandbox._proc.wait()  # type: ignore[union-attr]
+        os.kill(env.sandbox.guest.pid, signal.SIGKILL)  # type: ignore[union-attr, arg-type]
+        while env.sandbox.running():  # type: ignore[union-attr]
+            time.sleep(0.01)
         _, reward, terminated, _, info = env.step("WAIT")
         assert terminated and reward == 0.0 and "failure" in info
         assert play(env, "terminal-make-folder", "oracle")[0] == 1.0

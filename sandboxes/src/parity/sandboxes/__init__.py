@@ -5,10 +5,12 @@
         r = sb.run_python("print(1)")      # ExecResult(exit_code=0, stdout="1\\n", ...)
 
 Backends: "local" (bubblewrap + cgroups or rlimits) and "docker" (docker SDK). SandboxPool
-keeps warm sandboxes for repeated use.
+keeps warm sandboxes for repeated use. `launch_guest(backend, GuestSpec(...))` runs any other
+program (a server reached through a socket folder, say) with the same isolation.
 """
 
-from parity.sandboxes.backends import BACKENDS, check_backends, open_sandbox
+from parity.sandboxes.backends import BACKENDS, check_backends, launch_guest, open_sandbox
+from parity.sandboxes.guest import Bind, Guest, GuestSpec
 from parity.sandboxes.limits import Limits
 from parity.sandboxes.pool import SandboxPool
 from parity.sandboxes.result import ExecResult, SandboxError
@@ -16,12 +18,16 @@ from parity.sandboxes.sandbox import PythonSession, Sandbox
 
 __all__ = [
     "BACKENDS",
+    "Bind",
     "ExecResult",
+    "Guest",
+    "GuestSpec",
     "Limits",
     "PythonSession",
     "Sandbox",
     "SandboxError",
     "SandboxPool",
     "check_backends",
+    "launch_guest",
     "open_sandbox",
 ]

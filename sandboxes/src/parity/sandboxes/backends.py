@@ -1,9 +1,11 @@
-"""Choosing a backend by name, and finding out which backends work on this machine."""
+"""Choosing a backend by name (for the code sandbox or any guest program), and finding out
+which backends work on this machine."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from parity.sandboxes.guest import Guest, GuestSpec
 from parity.sandboxes.limits import Limits
 from parity.sandboxes.result import SandboxError
 from parity.sandboxes.sandbox import Sandbox
@@ -22,6 +24,20 @@ def open_sandbox(backend: str = "local", limits: Limits | None = None, **options
         from parity.sandboxes.docker_backend import DockerSandbox
 
         return DockerSandbox(limits, **options)
+    raise SandboxError(f"unknown sandbox backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+
+
+def launch_guest(backend: str, spec: GuestSpec, **options: Any) -> Guest:
+    """Start `spec`'s program in a sandbox of `backend` ("local" or "docker") with the same
+    isolation as the code sandbox; `options` go to the guest's constructor (docker: client=)."""
+    if backend == "local":
+        from parity.sandboxes.local import LocalGuest
+
+        return LocalGuest(spec, **options)
+    if backend == "docker":
+        from parity.sandboxes.docker_backend import DockerGuest
+
+        return DockerGuest(spec, **options)
     raise SandboxError(f"unknown sandbox backend {backend!r}; choose one of {', '.join(BACKENDS)}")
 
 

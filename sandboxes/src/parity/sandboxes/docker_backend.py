@@ -14,8 +14,10 @@ import socket
 import struct
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
+from parity.sandboxes.guest import Bind, Guest, GuestSpec, watched
 from parity.sandboxes.limits import Limits
 from parity.sandboxes.result import SandboxError
 from parity.sandboxes.sandbox import Sandbox, helper_argv
@@ -90,6 +92,92 @@ class AttachTransport:
         self._sock.close()
 
 
+def start_container(
+    client: Any, spec: GuestSpec, binds: Sequence[Bind], keep: bool = False
+) -> tuple[Any, socket.socket]:
+    """Create and start the container of `spec` with all of the hardening; return it and its
+    attach socket. Attached stdin with StdinOnce (what detach=False sets): when this process
+    dies the engine closes the program's stdin. The socket also streams stdout and stderr
+    here, and the container is removed when it exits; with `keep` neither: the engine keeps
+    the output as the container's log, and the container until it is removed."""
+    import docker
+
+    lim = spec.limits
+    uid, gid = spec.user
+    tmpfs_opts = "nosuid,nodev"
+    image = spec.image or DEFAULT_IMAGE
+    try:
+        api = client.api
+        host_config = api.create_host_config(
+            network_mode="none",
+            mem_limit=f"{lim.memory_mb}m",
+            memswap_limit=f"{lim.memory_mb}m",
+            nano_cpus=int(lim.cpus * 1e9),
+            pids_limit=lim.max_procs,
+            read_only=True,
+            tmpfs={
+                spec.home: f"size={lim.disk_mb}m,uid={uid},gid={gid},mode=0755,{tmpfs_opts}",
+                "/tmp": f"size={lim.disk_mb}m,mode=1777,{tmpfs_opts}",
+            },
+            shm_size=f"{min(lim.disk_mb, 64)}m",
+            binds=[f"{b.host}:{b.guest}:{'rw' if b.writable else 'ro'}" for b in binds],
+            devices=[f"{d}:{d}:rwm" for d in spec.devices],
+            ulimits=[
+                docker.types.Ulimit(name="core", soft=0, hard=0),
+                docker.types.Ulimit(name="nofile", soft=lim.open_files, hard=lim.open_files),
+                docker.types.Ulimit(name="fsize", soft=lim.disk_mb << 20, hard=lim.disk_mb << 20),
+            ],
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges"],
+            auto_remove=not keep,
+        )
+        created = api.create_container(
+            image,
+            command=list(spec.argv),
+            name=f"parity-sb-{uuid.uuid4().hex[:12]}",
+            user=f"{uid}:{gid}",
+            working_dir=spec.home,
+            environment=spec.environment(),
+            hostname="sandbox",
+            labels={LABEL: "1", f"{LABEL}.owner": f"{socket.gethostname()}:{os.getpid()}"},
+            stdin_open=True,
+            detach=False,
+            host_config=host_config,
+        )
+        container = client.containers.get(created["Id"])
+    except docker.errors.ImageNotFound as exc:
+        raise SandboxError(
+            f"sandbox image {image!r} is missing: build it (the code sandbox's with "
+            "`bash scripts/build_sandbox_image.sh`, or `docker build -t "
+            f"{DEFAULT_IMAGE} sandboxes/docker` where a registry is reachable)"
+        ) from exc
+    except docker.errors.DockerException as exc:
+        raise SandboxError(f"could not start a sandbox container: {exc}") from exc
+    try:
+        output = 0 if keep else 1
+        sock = api.attach_socket(
+            container.id, params={"stdin": 1, "stdout": output, "stderr": output, "stream": 1}
+        )
+        container.start()
+    except docker.errors.DockerException as exc:
+        remove_container(container)
+        raise SandboxError(f"could not start a sandbox container: {exc}") from exc
+    return container, sock._sock
+
+
+def remove_container(container: Any) -> None:
+    """Remove a sandbox container, running or not, if it still exists."""
+    import docker
+
+    try:
+        container.remove(force=True)
+    except docker.errors.NotFound:
+        pass
+    except docker.errors.APIError as exc:  # auto-removal may have started first
+        if "in progress" not in str(exc):
+            raise
+
+
 class DockerSandbox(Sandbox):
     """A container sandbox; see the module docstring for its settings."""
 
@@ -102,64 +190,22 @@ class DockerSandbox(Sandbox):
         client: Any = None,
         start_timeout_s: float = 60.0,
     ) -> None:
-        import docker
-
         super().__init__(limits or Limits())
         self._container: Any = None
         self.client = client or docker_client()
         lim = self.limits
-        tmpfs_opts = f"size={lim.disk_mb}m,mode=1777,nosuid,nodev"
-        try:
-            api = self.client.api
-            host_config = api.create_host_config(
-                network_mode="none",
-                mem_limit=f"{lim.memory_mb}m",
-                memswap_limit=f"{lim.memory_mb}m",
-                nano_cpus=int(lim.cpus * 1e9),
-                pids_limit=lim.max_procs + 1,  # + the helper
-                read_only=True,
-                tmpfs={"/work": tmpfs_opts, "/tmp": tmpfs_opts},
-                shm_size=f"{min(lim.disk_mb, 64)}m",
-                cap_drop=["ALL"],
-                security_opt=["no-new-privileges"],
-                auto_remove=True,
-            )
-            created = api.create_container(
-                image,
-                # The container's cgroup bounds memory and pids; per-uid RLIMIT_NPROC would
-                # be shared with every other container running as uid 65534 on the host.
-                command=helper_argv(
-                    "python3", {**lim.model_dump(), "rlimit_as": False, "rlimit_nproc": False}
-                ),
-                name=f"parity-sb-{uuid.uuid4().hex[:12]}",
-                user="65534:65534",
-                working_dir="/work",
-                environment={"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"},
-                hostname="sandbox",
-                labels={LABEL: "1", f"{LABEL}.owner": f"{socket.gethostname()}:{os.getpid()}"},
-                # Attached stdin with StdinOnce (what detach=False sets): when this process dies
-                # the engine closes the helper's stdin, the helper (PID 1) exits, the kernel
-                # kills the rest and the engine removes the container.
-                stdin_open=True,
-                detach=False,
-                host_config=host_config,
-            )
-            self._container = self.client.containers.get(created["Id"])
-            sock = self.client.api.attach_socket(
-                self._container.id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
-            )
-            self._container.start()
-        except docker.errors.ImageNotFound as exc:
-            self._destroy()
-            raise SandboxError(
-                f"sandbox image {image!r} is missing: build it with "
-                "`bash scripts/build_sandbox_image.sh` (or `docker build -t "
-                f"{image} sandboxes/docker` where a registry is reachable)"
-            ) from exc
-        except docker.errors.DockerException as exc:
-            self._destroy()
-            raise SandboxError(f"could not start a sandbox container: {exc}") from exc
-        transport = AttachTransport(sock._sock)
+        spec = GuestSpec(
+            # The container's cgroup bounds memory and pids; per-uid RLIMIT_NPROC would be
+            # shared with every other container running as uid 65534 on the host.
+            tuple(helper_argv("python3", {**lim.model_dump(), "rlimit_nproc": False})),
+            lim.model_copy(update={"max_procs": lim.max_procs + 1}),  # + the helper
+            env={"LANG": "C.UTF-8"},
+            image=image,
+        )
+        # When this process dies the helper (PID 1) reads EOF and exits, the kernel kills
+        # the rest and the engine removes the container.
+        self._container, sock = start_container(self.client, spec, [])
+        transport = AttachTransport(sock)
         try:
             self._connect(transport, start_timeout_s)
         except SandboxError as exc:
@@ -172,18 +218,9 @@ class DockerSandbox(Sandbox):
         return self._container.id
 
     def _destroy(self) -> None:
-        if self._container is None:
-            return
-        import docker
-
-        try:
-            self._container.remove(force=True)
-        except docker.errors.NotFound:
-            pass
-        except docker.errors.APIError as exc:  # auto-removal may have started first
-            if "in progress" not in str(exc):
-                raise
-        self._container = None
+        if self._container is not None:
+            remove_container(self._container)
+            self._container = None
 
 
 def remove_stale_containers(client: Any = None) -> int:
@@ -207,3 +244,54 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+class DockerGuest(Guest):
+    """A guest program in a container (see GuestSpec); `container` is its docker-SDK object.
+
+    It dies with its owner (see `watched`); its container is kept after it exits, for the
+    log, until close(), and one whose owner died is removed by the next guest's start.
+    """
+
+    backend = "docker"
+
+    def __init__(self, spec: GuestSpec, client: Any = None) -> None:
+        super().__init__(spec)
+        self.container: Any = None
+        self._sock: socket.socket | None = None
+        try:
+            self.client = client or docker_client()
+            remove_stale_containers(self.client)
+            self.container, self._sock = start_container(
+                self.client, watched(spec), self.binds(), keep=True
+            )
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def pid(self) -> int | None:
+        try:
+            self.container.reload()
+            return int(self.container.attrs["State"]["Pid"]) or None
+        except Exception:  # gone already
+            return None
+
+    def running(self) -> bool:
+        try:
+            self.container.reload()
+        except Exception:  # removed, or the engine is gone
+            return False
+        return self.container.status in ("created", "running")
+
+    def log_tail(self, chars: int = 2000) -> str:
+        try:
+            return self.container.logs().decode("utf-8", "replace")[-chars:]
+        except Exception:  # removed, or the engine is gone
+            return ""
+
+    def _destroy(self) -> None:
+        if self.container is not None:
+            remove_container(self.container)
+        if self._sock is not None:
+            self._sock.close()

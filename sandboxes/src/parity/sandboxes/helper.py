@@ -51,10 +51,6 @@ EXIT_GRACE_S = 0.1
 EXIT_POLL_S = 0.05
 # Where the sandbox's own memory cgroup reports OOM kills (v2, then v1), when mounted.
 OOM_FILES = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
-# The session interpreter's source (repl.py) and the sandbox's limits (Limits as JSON plus
-# rlimit_as / rlimit_nproc fallbacks), passed by the host as arguments.
-REPL_SOURCE = sys.argv[1]
-LIMITS = json.loads(sys.argv[2])
 
 
 def send(obj):
@@ -85,7 +81,7 @@ def oom_kills():
     return 0
 
 
-def drop_privileges():
+def drop_privileges(limits):
     """Become the unprivileged user for good and take on the sandbox's fixed rlimits.
 
     Children then inherit everything from the helper, so commands start with a plain
@@ -111,29 +107,27 @@ def drop_privileges():
         ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 0
     caps = [
         (resource.RLIMIT_CORE, 0),
-        (resource.RLIMIT_NOFILE, LIMITS["open_files"]),
-        (resource.RLIMIT_FSIZE, LIMITS["disk_mb"] << 20),
+        (resource.RLIMIT_NOFILE, limits["open_files"]),
+        (resource.RLIMIT_FSIZE, limits["disk_mb"] << 20),
     ]
-    if LIMITS.get("rlimit_as"):
-        caps.append((resource.RLIMIT_AS, LIMITS["memory_mb"] << 20))
-    if LIMITS.get("rlimit_nproc"):
-        caps.append((resource.RLIMIT_NPROC, LIMITS["max_procs"]))
+    if limits.get("rlimit_nproc"):
+        caps.append((resource.RLIMIT_NPROC, limits["max_procs"]))
     for res, value in caps:
         resource.setrlimit(res, (value, value))
     os.umask(0o022)
 
 
-def limit_cpu(proc):
+def limit_cpu(proc, cpu_s):
     """RLIMIT_CPU per command: SIGXCPU at the soft limit, SIGKILL one second later.
 
     Set from outside right after exec (the helper cannot carry it: its own CPU time adds up
     across calls); CPU used before counts all the same.
     """
     with contextlib.suppress(OSError):
-        resource.prlimit(proc.pid, resource.RLIMIT_CPU, (LIMITS["cpu_s"], LIMITS["cpu_s"] + 1))
+        resource.prlimit(proc.pid, resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
 
 
-def spawn(argv, stdin_pipe, pass_fds=()):
+def spawn(argv, stdin_pipe, cpu_s, pass_fds=()):
     proc = subprocess.Popen(
         argv,
         stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
@@ -144,7 +138,7 @@ def spawn(argv, stdin_pipe, pass_fds=()):
         start_new_session=True,
         pass_fds=pass_fds,
     )
-    limit_cpu(proc)
+    limit_cpu(proc, cpu_s)
     return proc
 
 
@@ -325,17 +319,17 @@ def memory_error(stderr):
     return b"MemoryError" in bytes(stderr[-4096:])
 
 
-def op_run(req, sessions):
+def op_run(req, sessions, limits):
     start = time.monotonic()
     oom_before = oom_kills()
     stdin_data = base64.b64decode(req["stdin"]) if req.get("stdin") is not None else None
     try:
-        proc = spawn(req["argv"], stdin_data is not None)
+        proc = spawn(req["argv"], stdin_data is not None, limits["cpu_s"])
     except OSError as exc:
         return result(127, {"stderr": str(exc).encode()}, False, False, False, start)
     streams = {"stdout": proc.stdout, "stderr": proc.stderr}
     deadline = start + req["timeout_s"]
-    out, timed_out, truncated, _ = pump(proc, streams, stdin_data, deadline, LIMITS["output_bytes"])
+    out, timed_out, truncated, _ = pump(proc, streams, stdin_data, deadline, limits["output_bytes"])
     if timed_out or truncated:
         kill_group(proc)
     try:  # it may have closed its pipes and still be running
@@ -354,11 +348,12 @@ def op_run(req, sessions):
 class Session:
     """A Python REPL child kept alive between calls; code goes in on fd 3, 'done' lines out on fd 4."""
 
-    def __init__(self):
+    def __init__(self, repl_source, limits):
+        self.output_bytes = limits["output_bytes"]
         code_r, self.code_w = os.pipe()
         self.done_r, done_w = os.pipe()
-        argv = ["python3", "-u", "-c", REPL_SOURCE, str(code_r), str(done_w)]
-        self.proc = spawn(argv, False, pass_fds=(code_r, done_w))
+        argv = ["python3", "-u", "-c", repl_source, str(code_r), str(done_w)]
+        self.proc = spawn(argv, False, limits["cpu_s"], pass_fds=(code_r, done_w))
         os.close(code_r)
         os.close(done_w)
 
@@ -376,7 +371,7 @@ class Session:
             return result(-1, {}, False, False, False, start, "the Python session has ended")
         streams = {"stdout": self.proc.stdout, "stderr": self.proc.stderr}
         out, timed_out, truncated, done = pump(
-            None, streams, None, start + timeout_s, LIMITS["output_bytes"], self.done_r
+            None, streams, None, start + timeout_s, self.output_bytes, self.done_r
         )
         error = None
         if done.strip().isdigit():
@@ -444,12 +439,12 @@ def remove_tree(path):
         os.unlink(path)
 
 
-def handle(req, sessions):
+def handle(req, sessions, repl_source, limits):
     op = req.get("op")
     if op == "ping":
         return {"ok": True, "pid": os.getpid(), "uid": os.getuid()}
     if op == "run":
-        return op_run(req, sessions)
+        return op_run(req, sessions, limits)
     if op == "write":
         return op_write(req)
     if op == "read":
@@ -464,7 +459,7 @@ def handle(req, sessions):
                 remove_tree(os.path.join(top, name))
         return {"ok": True}
     if op == "session_start":
-        sessions[req["sid"]] = Session()
+        sessions[req["sid"]] = Session(repl_source, limits)
         return {"ok": True}
     if op in ("session_run", "session_close"):
         sess = sessions.get(req["sid"])
@@ -485,14 +480,17 @@ def handle(req, sessions):
 
 
 def main():
-    drop_privileges()
+    # The session interpreter's source (repl.py) and the sandbox's limits (Limits as JSON
+    # plus the rlimit_nproc fallback), passed by the host as arguments.
+    repl_source, limits = sys.argv[1], json.loads(sys.argv[2])
+    drop_privileges(limits)
     sessions = {}
     while True:
         req = recv()
         if req is None:
             break
         try:
-            reply = handle(req, sessions)
+            reply = handle(req, sessions, repl_source, limits)
         except Exception as exc:  # a bad request must not end the sandbox
             reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
         send(reply)
@@ -500,4 +498,5 @@ def main():
         sess.close()
 
 
-main()
+if __name__ == "__main__":  # `python3 -c` runs it as __main__; an import only defines it
+    main()

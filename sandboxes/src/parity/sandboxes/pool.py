@@ -17,7 +17,7 @@ from typing import Any
 from parity.sandboxes.backends import open_sandbox
 from parity.sandboxes.limits import Limits
 from parity.sandboxes.result import SandboxError
-from parity.sandboxes.sandbox import Closing, Sandbox, in_thread
+from parity.sandboxes.sandbox import Closing, Sandbox, Threads
 
 
 class SandboxPool(Closing):
@@ -60,6 +60,10 @@ class SandboxPool(Closing):
         self._uses: dict[int, int] = {}
         self._next_create = 0.0
         self._closed = False
+        # One thread per slot checks sandboxes out and in for `lease()`; the pool closes them
+        # when it is closed and the last lease has come back.
+        self._threads = Threads(size, "parity-sandbox-pool")
+        self._leased = 0
         self.created = 0  # sandboxes created so far
         self.recycled = 0  # sandboxes closed for max_uses, a breach or a failed check
 
@@ -144,19 +148,29 @@ class SandboxPool(Closing):
                     f"no sandbox free within {self.acquire_timeout_s}s (pool size {self.size})"
                 )
             await asyncio.sleep(0.002)
+        with self._lock:
+            self._leased += 1
         try:
-            sb = await in_thread(self._checkout)
+            sb = await self._threads.run(self._checkout)
             try:
                 yield sb
             finally:
-                await in_thread(self._checkin, sb)
+                await self._threads.run(self._checkin, sb)
         finally:
             self._slots.release()
+            with self._lock:
+                self._leased -= 1
+                last = self._closed and not self._leased
+            if last:
+                self._threads.close()
 
     def close(self) -> None:
         """Close idle sandboxes now and leased ones when they come back. Idempotent."""
         with self._lock:
             self._closed = True
             idle, self._idle = list(self._idle), deque()
+            leased = self._leased
         for sb in idle:
             sb.close()
+        if not leased:
+            self._threads.close()

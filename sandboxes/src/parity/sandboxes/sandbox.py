@@ -16,7 +16,6 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from functools import cache
 from importlib import resources
 from typing import Any, Self
 
@@ -31,26 +30,50 @@ MAX_ARG_BYTES = 128 * 1024 - 1
 DEFAULT_READ_BYTES = 1 << 20
 
 
-@cache
-def _executor() -> ThreadPoolExecutor:
-    """Threads for the asyncio API: every call blocks a thread for its whole duration, and the
-    default executor (CPUs + 4 threads) would cap concurrency far below what pools serve."""
-    return ThreadPoolExecutor(max_workers=256, thread_name_prefix="parity-sandbox-call")
+class Threads:
+    """The worker threads behind one owner's asyncio API (a sandbox's, a pool's): every call
+    blocks a thread for its whole duration, and the event loop's default executor (CPUs + 4
+    threads) is shared with everything else. Started on first use, stopped by `close()`."""
 
+    def __init__(self, max_workers: int, name: str) -> None:
+        self._max_workers, self._name = max_workers, name
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+        self._closed = False
 
-async def in_thread(fn: Callable[..., Any], *args: Any) -> Any:
-    return await asyncio.get_running_loop().run_in_executor(_executor(), fn, *args)
+    async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        with self._lock:
+            if self._closed:
+                pool = None
+            elif self._pool is None:
+                self._pool = pool = ThreadPoolExecutor(self._max_workers, self._name)
+            else:
+                pool = self._pool
+        if pool is None:  # the owner is closed: its calls fail (or return) at once
+            return fn(*args)
+        return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
+
+    def close(self) -> None:
+        """Stop the threads once their current calls end (callable from one of them)."""
+        with self._lock:
+            self._closed = True
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False)
 
 
 class Closing:
     """`close()` (idempotent) plus the context-manager and asyncio forms every holder of
-    sandboxes offers: `with`, `async with`, `await aclose()`."""
+    sandboxes offers: `with`, `async with`, `await aclose()`. `_threads` runs the blocking
+    calls of the asyncio forms; `close()` must close it."""
+
+    _threads: Threads
 
     def close(self) -> None:
         raise NotImplementedError
 
     async def aclose(self) -> None:
-        await in_thread(self.close)
+        await self._threads.run(self.close)
 
     def __enter__(self) -> Self:
         return self
@@ -67,7 +90,7 @@ class Closing:
 
 def helper_argv(python: str, limits: dict[str, Any]) -> list[str]:
     """The command that starts the helper inside a sandbox: its source, the REPL's and the
-    limits it applies (Limits fields plus the backend's rlimit_as / rlimit_nproc choices)."""
+    limits it applies (Limits fields plus the backend's rlimit_nproc choice)."""
     pkg = resources.files("parity.sandboxes")
     helper = pkg.joinpath("helper.py").read_text()
     repl = pkg.joinpath("repl.py").read_text()
@@ -114,6 +137,8 @@ class Sandbox(Closing, ABC):
         self._dead: str | None = None  # why the sandbox can no longer be used
         self._closed = False
         self.breaches = 0  # calls that hit a limit or failed; pools recycle such sandboxes
+        # Calls on a sandbox are serialised anyway, so one thread serves its asyncio API.
+        self._threads = Threads(1, "parity-sandbox-call")
 
     # -- what a backend provides -------------------------------------------------------
     @abstractmethod
@@ -241,18 +266,18 @@ class Sandbox(Closing, ABC):
     async def arun(
         self, argv: Sequence[str], stdin: bytes | str | None = None, timeout_s: float | None = None
     ) -> ExecResult:
-        return await in_thread(self.run, argv, stdin, timeout_s)
+        return await self._threads.run(self.run, argv, stdin, timeout_s)
 
     async def arun_python(
         self, code: str, stdin: bytes | str | None = None, timeout_s: float | None = None
     ) -> ExecResult:
-        return await in_thread(self.run_python, code, stdin, timeout_s)
+        return await self._threads.run(self.run_python, code, stdin, timeout_s)
 
     async def awrite_file(self, path: str, data: bytes | str) -> None:
-        await in_thread(self.write_file, path, data)
+        await self._threads.run(self.write_file, path, data)
 
     async def aread_file(self, path: str, max_bytes: int | None = None) -> bytes:
-        return await in_thread(self.read_file, path, max_bytes)
+        return await self._threads.run(self.read_file, path, max_bytes)
 
     def close(self) -> None:
         """Kill everything the sandbox started and free its resources. Idempotent."""
@@ -260,9 +285,12 @@ class Sandbox(Closing, ABC):
             if self._closed:
                 return
             self._closed = True
-            self._destroy()
-            if self._transport is not None:
-                self._transport.close()
+            try:
+                self._destroy()
+                if self._transport is not None:
+                    self._transport.close()
+            finally:
+                self._threads.close()
 
     def __del__(self) -> None:
         # A forgotten sandbox must not leave processes behind.
@@ -305,7 +333,7 @@ class PythonSession:
         return result
 
     async def arun(self, code: str, timeout_s: float | None = None) -> ExecResult:
-        return await in_thread(self.run, code, timeout_s)
+        return await self.sandbox._threads.run(self.run, code, timeout_s)
 
     def close(self) -> None:
         """End the interpreter. Idempotent; a no-op once the sandbox is closed."""

@@ -88,8 +88,8 @@ def _concurrent(n: int, task_ids: list[str], backend: str) -> dict:
 
     def run(i: int) -> None:
         out[i] = _episodes(envs[i], task_ids, errors)
-        if envs[i].sandbox is not None and envs[i].sandbox._proc is not None:
-            rss[i] = _rss_mb(envs[i].sandbox._proc.pid)
+        if envs[i].sandbox is not None and (pid := envs[i].sandbox.guest.pid) is not None:
+            rss[i] = _rss_mb(pid)
 
     start = time.monotonic()
     try:
