@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 
 import gymnasium as gym
 import numpy as np
@@ -72,7 +74,11 @@ def test_oracle_episode_and_info() -> None:
     assert obs == {"messages": (), "token_ids": ()}
     assert info["finish_reason"] == "answer"
     assert info["reward_components"] == {"exact": 1.0}
+    assert info["text"] == env.episode.messages[-1]["content"] and "timings" not in info
     assert [set(t) for t in env.episode.turn_timings] == [{"env_s", "sandbox_s"}]
+    env.reset(seed=1, options={"timings": True})  # the runner's option: seconds in info
+    *_, info = env.step(env.oracle_action())
+    assert info["timings"] == {**env.episode.turn_timings[-1], "reward_s": env.episode.reward_s}
     with pytest.raises(RuntimeError, match="call reset"):
         env.step("again")
     with pytest.raises(RuntimeError, match="needs a running episode"):
@@ -98,8 +104,9 @@ def test_garbage_actions_never_raise(action) -> None:
     obs, reward, terminated, truncated, _info = env.step(action)
     assert (reward, terminated, truncated) == (0.0, False, False)
     assert obs["messages"][0]["content"].startswith("error:")
-    assert env.episode.metrics == {"parse_errors": 1}
-    assert len(env.episode.messages[1]["content"]) <= env.max_action_chars
+    inner = env.unwrapped
+    assert inner.episode.metrics == {"parse_errors": 1}
+    assert len(inner.episode.messages[1]["content"]) <= inner.max_action_chars
     env.close()
 
 
@@ -203,9 +210,19 @@ def test_async_api_runs_many_episodes_concurrently() -> None:
     assert [r[1] for r in results] == [1.0] * 50
 
 
+def test_envs_run_without_torch() -> None:
+    """Environments need the tokenizer, not the model: importing parity.envs and playing a
+    turn of an env loads no torch (a fresh process: this one has it loaded)."""
+    code = ("import sys\nfrom parity.envs import make_env\n"
+            "env = make_env('parity/Math-v0')\nenv.reset(seed=0)\nenv.step('no idea')\n"
+            "env.close()\nprint('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
 def test_limits_from_a_config_dict() -> None:
     env = make_env("parity/PythonTool-v0", limits={"max_turns": 2, "max_tokens": 1000})
-    assert env.limits == EpisodeLimits(max_turns=2, max_tokens=1000)
+    assert env.unwrapped.limits == EpisodeLimits(max_turns=2, max_tokens=1000)
     with pytest.raises(TypeError, match="unexpected keyword argument 'turns'"):
         make_env("parity/Math-v0", limits={"turns": 2})
 

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from parity.core.types import Completion, SamplingParams
-from parity.envs import EpisodeLimits
+from parity.envs import EpisodeLimits, make_env
 from parity.envs.python_tool import PythonToolEnv
 from parity.envs.runner import oracle_generate, run_episode
 
@@ -55,6 +55,30 @@ def test_trajectory_is_prompt_model_and_observation_tokens() -> None:
     assert traj.tokens + tok.encode("\n") == tok.apply_chat_template(traj.info["messages"])
 
 
+def test_gymnasium_wrappers_see_every_reset_and_step() -> None:
+    """A user's wrappers over a made env: one that appends a token to every observation and
+    one that rescales the reward both show in the Trajectory and in what the engine saw."""
+    from gymnasium.wrappers import TransformObservation, TransformReward
+
+    env = make_env("parity/PythonTool-v0")
+    tok = env.unwrapped.tokenizer
+    mark = tok.encode("!")[0]
+    env = TransformObservation(env, lambda o: {**o, "token_ids": (*o["token_ids"], mark)},
+                               env.observation_space)
+    env = TransformReward(env, lambda r: 10.0 * r - 1.0)
+    gen = Scripted(tok, ["<py>print(5831*47)</py>", "<ans>274057</ans>"])
+    traj = asyncio.run(run_episode(env, gen, seed=0, options={"task": MUL}))
+    env.close()
+    prompt = tok.encode("<|im_start|>user\nQ: 5831*47=?<|im_end|>\n<|im_start|>assistant\n")
+    turn1 = tok.encode("<py>print(5831*47)</py><|im_end|>")
+    delta = tok.encode("\n<|im_start|>tool\n274057\n<|im_end|>\n<|im_start|>assistant\n")
+    turn2 = tok.encode("<ans>274057</ans><|im_end|>")
+    assert traj.tokens == [*prompt, mark, *turn1, *delta, mark, *turn2, mark]
+    assert gen.calls[1][0] == [*prompt, mark, *turn1, *delta, mark]
+    assert (traj.reward, traj.num_turns, traj.finish_reason) == (9.0, 2, "answer")
+    assert [set(t) for t in traj.info["turn_timings"]] == [{"model_s", "env_s", "sandbox_s"}] * 2
+
+
 def test_turn_cut_by_length_gets_the_end_of_turn_from_the_env() -> None:
     env = PythonToolEnv()
     tok = env.tokenizer
@@ -90,6 +114,15 @@ def test_engine_failure_ends_the_episode_only() -> None:
     # the env is still usable
     assert asyncio.run(run_episode(env, oracle_generate(env), seed=1)).reward == 1.0
     env.close()
+
+
+def test_oracle_generate_plays_the_turn_it_is_given() -> None:
+    env = PythonToolEnv()
+    answer_at_once = oracle_generate(env, lambda e: f"<ans>{e.episode.task['answer']}</ans>")
+    traj = asyncio.run(run_episode(env, answer_at_once, seed=0, options={"task": MUL}))
+    env.close()
+    assert traj.info["messages"][1] == {"role": "assistant", "content": "<ans>274057</ans>"}
+    assert (traj.num_turns, traj.reward_components) == (1, {"correct": 1.0, "used_tool": 0.0})
 
 
 def test_many_concurrent_episodes() -> None:

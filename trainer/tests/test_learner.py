@@ -40,6 +40,13 @@ def test_collate_aligns_mu_mask_versions_to_logprob_positions() -> None:
         collate([[bad]])
 
 
+def test_the_learner_leaves_the_global_rng_to_its_caller() -> None:
+    model = TinyLM()
+    before = torch.get_rng_state()
+    Learner(_cfg(), model, token_logprobs)
+    assert torch.equal(torch.get_rng_state(), before)
+
+
 def test_micro_batches_respect_token_budget() -> None:
     assert micro_batches(torch.tensor([4, 4, 4, 10, 2]), 8) == [[0, 1], [2], [3], [4]]
     assert micro_batches(torch.tensor([4, 4, 4]), 100) == [[0, 1, 2]]

@@ -33,9 +33,15 @@ def _batch(shift: float = 0.0):
     return logp, mu, mask, rewards, groups
 
 
+def _loss(logp, mu, mask, rewards, groups, cfg: LossSection) -> tuple[torch.Tensor, torch.Tensor]:
+    """L on one batch, normalised by its kept responses as the learner does; and the gate."""
+    total, gate = reinforce_zero_loss(logp, mu, mask, group_advantages(rewards, groups, cfg), cfg)
+    return total / int((gate & (mask.sum(-1) > 0)).sum()), gate
+
+
 def _grad(cfg: LossSection, shift: float = 0.0) -> tuple[float, torch.Tensor]:
     logp, mu, mask, rewards, groups = _batch(shift)
-    loss, _ = reinforce_zero_loss(logp, mu, mask, rewards, groups, cfg)
+    loss, _ = _loss(logp, mu, mask, rewards, groups, cfg)
     loss.backward()
     return float(loss.detach()), logp.grad
 
@@ -75,14 +81,14 @@ def test_sequence_gate_drops_high_kl_sequence_and_counts_it() -> None:
     logp, mu, mask, rewards, groups = _batch(shift=LN2)
     # D3 of response 0 = ((2 − 1 − ln 2) + 0) / 2 = 0.1534...
     cfg = LossSection(gate_kl=0.1)
-    loss, stats = reinforce_zero_loss(logp, mu, mask, rewards, groups, cfg)
+    loss, gate = _loss(logp, mu, mask, rewards, groups, cfg)
     loss.backward()
-    assert stats["gate/rejected_frac"] == 0.5
+    assert gate.tolist() == [False, True]
     # only response 1 remains, N = 1: L = 0.5·(−1.5−2.5)/2 ... gradient +0.25 per token
     assert logp.grad[0].abs().sum() == 0.0
     assert logp.grad[1, 1] == pytest.approx(0.25)
-    _loss2, stats2 = reinforce_zero_loss(logp, mu, mask, rewards, groups, LossSection(gate_kl=0.2))
-    assert stats2["gate/rejected_frac"] == 0.0
+    _, gate2 = _loss(logp, mu, mask, rewards, groups, LossSection(gate_kl=0.2))
+    assert gate2.tolist() == [True, True]
 
 
 def test_group_mean_and_grpo_advantages() -> None:
@@ -136,10 +142,8 @@ def test_group_mean_advantages_sum_to_zero(rewards: list[float], n_groups: int) 
 @settings(max_examples=25, deadline=None)
 @given(st.integers(1, 4), st.integers(2, 6), st.integers(0, 10_000))
 def test_micro_batch_accumulation_equals_full_batch(b: int, t: int, seed: int) -> None:
-    """Summing per-response terms over any split, divided by the global N, gives the
-    full-batch gradient (what the learner's gradient accumulation relies on)."""
-    from parity.trainer.loss import response_losses, token_weights
-
+    """Summing the loss over any split, divided by the global N, gives the full-batch
+    gradient (what the learner's gradient accumulation relies on)."""
     gen = torch.Generator().manual_seed(seed)
     logp = -torch.rand(2 * b, t, generator=gen, dtype=torch.float64)
     mu = logp - 0.3 * torch.randn(2 * b, t, generator=gen, dtype=torch.float64)
@@ -147,14 +151,12 @@ def test_micro_batch_accumulation_equals_full_batch(b: int, t: int, seed: int) -
     rewards = torch.randint(0, 2, (2 * b,), generator=gen).double()
     groups = torch.arange(2 * b) // 2
     cfg = LossSection()
-    full = logp.clone().requires_grad_(True)
-    loss, _ = reinforce_zero_loss(full, mu, mask, rewards, groups, cfg)
-    loss.backward()
     adv = group_advantages(rewards, groups, cfg)
-    n = int((mask.sum(-1) > 0).sum())
+    n = max(int((mask.sum(-1) > 0).sum()), 1)
+    full = logp.clone().requires_grad_(True)
+    (reinforce_zero_loss(full, mu, mask, adv, cfg)[0] / n).backward()
     acc = logp.clone().requires_grad_(True)
     for i in range(2 * b):  # one response per micro-batch
-        lp = acc[i : i + 1]
-        w = token_weights(lp.detach() - mu[i : i + 1], cfg)
-        (response_losses(lp, w, mask[i : i + 1], adv[i : i + 1]).sum() / max(n, 1)).backward()
+        part = slice(i, i + 1)
+        (reinforce_zero_loss(acc[part], mu[part], mask[part], adv[part], cfg)[0] / n).backward()
     torch.testing.assert_close(acc.grad, full.grad)

@@ -5,6 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from parity.model import blas
+
+blas.configure()  # before this process's first GEMM, as `parity` does: the kernels run in it
+
 
 def _hf_model(family: str, **overrides):
     import transformers as tf

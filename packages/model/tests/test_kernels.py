@@ -6,7 +6,10 @@ assert that the same checks find at least one difference (the checks can fail).
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -61,6 +64,27 @@ def test_parity_runs_mkl_in_strict_cnr():
     torch.mm(torch.ones(8, 8), torch.ones(8, 8))  # MKL settles its mode at its first call
     mode = cnr_mode()
     assert mode is not None and mode & 0x10000, os.environ.get("MKL_CBWR")
+
+
+_FRESH = """
+import json, os
+import parity.model
+from parity.model import Decoder, ModelConfig, blas
+set_by_import = os.environ.get("MKL_CBWR")
+cfg = ModelConfig(model_type="qwen2", vocab_size=97, hidden_size=64, intermediate_size=128,
+                  num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2)
+Decoder(cfg, "aligned")  # the switch to aligned kernels asks for strict CNR before its proof
+print(json.dumps({"set_by_import": set_by_import, "strict": blas.is_strict(blas.cnr_mode())}))
+"""
+
+
+def test_aligned_kernels_not_the_import_put_mkl_in_strict_cnr(tmp_path):
+    """A fresh process without MKL_CBWR: importing parity.model leaves the environment alone;
+    choosing aligned kernels, before any GEMM has run, gets MKL's strict mode."""
+    env = {k: v for k, v in os.environ.items() if k != "MKL_CBWR"}
+    out = subprocess.run([sys.executable, "-c", _FRESH], env=env | {"PARITY_CACHE_DIR": str(tmp_path)},
+                         capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == {"set_by_import": None, "strict": True}
 
 
 @SETTINGS

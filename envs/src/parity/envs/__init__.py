@@ -2,8 +2,9 @@
 rubric rewards, task data, and the Python-tool, math and desktop environments.
 
 Importing this package registers `parity/PythonTool-v0`, `parity/Math-v0` and
-`parity/Desktop-v0` with gymnasium. It stays light (the CLI imports it): the env classes,
-and the tokenizer and torch behind them, load on first use.
+`parity/Desktop-v0` with gymnasium. It stays light (the CLI imports it): the env classes
+and the tokenizer behind them load on first use, and torch not at all (the tokenizer is
+torch-free).
 """
 
 import importlib

@@ -51,7 +51,7 @@ def check(
     env = _make(name)
     report: dict[str, object] = {"id": name}
     try:
-        check_env(env)
+        check_env(env.unwrapped)  # gymnasium's advice: the checker on the env itself
         report["check_env"] = "ok"
     except Exception as e:
         report["check_env"] = f"failed: {type(e).__name__}: {e}"
@@ -91,7 +91,7 @@ def play(
         _show(obs["messages"])
         while True:
             if oracle:
-                typer.echo(f"[oracle] {env.oracle_action()}")
+                typer.echo(f"[oracle] {env.unwrapped.oracle_action()}")
             typer.echo("assistant> ", nl=False)
             line = sys.stdin.readline()
             if not line:

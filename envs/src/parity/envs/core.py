@@ -19,19 +19,22 @@ A new env subclasses `TextEnv` and fills in five hooks (see docs/environments.md
     rubric: Rubric                      scored once, when the episode ends
 
 `areset`/`astep` are the primary path (a rollout worker runs many episodes concurrently on
-one event loop); `reset`/`step` run them on the env's private event loop.
+one event loop); `reset`/`step` run them on the env's private event loop, or, called through
+gymnasium wrappers from `through_wrappers` (what the runner does), on the caller's loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import gymnasium as gym
 import numpy as np
@@ -46,6 +49,11 @@ log = logging.getLogger(__name__)
 
 Message = dict[str, str]
 Observation = dict[str, Any]
+T = TypeVar("T")
+
+# The event loop a wrapper chain was entered from; set only in the env's wrapper thread.
+_CALLER_LOOP: contextvars.ContextVar[asyncio.AbstractEventLoop | None] = contextvars.ContextVar(
+    "parity_env_caller_loop", default=None)
 
 
 @dataclass(frozen=True)
@@ -189,7 +197,9 @@ class TextEnv(gym.Env[Observation, Any]):
         self.observation_space = spaces.Dict({"messages": MessagesSpace(), "token_ids": tokens})
         self.episode: Episode | None = None
         self._done = True
+        self._timings = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._wrapper_thread: ThreadPoolExecutor | None = None
 
     # ---- hooks for subclasses -------------------------------------------------------------
 
@@ -222,10 +232,13 @@ class TextEnv(gym.Env[Observation, Any]):
     async def areset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Observation, dict[str, Any]]:
-        """Start an episode. options: {"task": a task dict} or {"task_index": i}."""
+        """Start an episode. options: {"task": a task dict} or {"task_index": i}, and
+        {"timings": True} for each step's seconds in its info (off by default: gymnasium's
+        checker wants equal infos for equal seeds and actions)."""
         gym.Env.reset(self, seed=seed)
         await self.release()
         options = options or {}
+        self._timings = bool(options.get("timings"))
         if "task" in options:
             task = check_rows([options["task"]], self.required_fields, "options['task']",
                               self.field_types)[0]
@@ -284,7 +297,7 @@ class TextEnv(gym.Env[Observation, Any]):
             ep.num_tokens += len(delta)
             ep.time_turn(t0, resp.sandbox_s)
             obs = {"messages": tuple(dict(m) for m in resp.messages), "token_ids": tuple(delta)}
-            return obs, 0.0, False, False, {"turn": ep.turns}
+            return obs, 0.0, False, False, self._turn_info(ep, text)
         self._done = True
         ep.finish_reason = reason
         t1 = time.monotonic()
@@ -292,10 +305,8 @@ class TextEnv(gym.Env[Observation, Any]):
         ep.reward_s = time.monotonic() - t1
         await self.release()  # e.g. a pooled sandbox goes back as soon as the episode ends
         ep.time_turn(t0, resp.sandbox_s if resp else 0.0)
-        # Timings stay out of `info` (gymnasium's checker wants equal infos for equal seeds);
-        # they are in `self.episode.turn_timings` and the runner's Trajectory.
         info = {
-            "turn": ep.turns,
+            **self._turn_info(ep, text),
             "finish_reason": reason,
             "num_tokens": ep.num_tokens,
             "reward_components": dict(score.components),
@@ -304,6 +315,8 @@ class TextEnv(gym.Env[Observation, Any]):
             "parse_errors": int(ep.metrics.get("parse_errors", 0)),
             "metrics": dict(ep.metrics),
         }
+        if self._timings:
+            info["timings"]["reward_s"] = ep.reward_s
         obs = {"messages": (), "token_ids": ()}
         return obs, float(score.reward), terminated, not terminated, info
 
@@ -315,9 +328,24 @@ class TextEnv(gym.Env[Observation, Any]):
     def step(self, action: Any) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
         return self._run(self.astep(action))
 
+    async def through_wrappers(self, call: Callable[[], T]) -> T:
+        """`call()`, a synchronous reset or step through gymnasium wrappers over this env, run
+        on this env's own thread so the wrappers' code runs as written, while this env's
+        coroutine runs back on the caller's event loop (where its sandboxes and clients live,
+        shared by the other episodes on it). The thread is the env's; `close()` ends it."""
+        if self._wrapper_thread is None:
+            self._wrapper_thread = ThreadPoolExecutor(1, thread_name_prefix="parity-env-wrappers")
+        loop = asyncio.get_running_loop()
+        ctx = contextvars.copy_context()
+        ctx.run(_CALLER_LOOP.set, loop)
+        return await loop.run_in_executor(self._wrapper_thread, ctx.run, call)
+
     def close(self) -> None:
         """Release resources; safe to call twice. Inside a running event loop it blocks
         that loop until the release is done (there, prefer `await env.release()`)."""
+        if self._wrapper_thread is not None:
+            self._wrapper_thread.shutdown(wait=False)
+            self._wrapper_thread = None
         try:
             asyncio.get_running_loop()
         except RuntimeError:
@@ -338,7 +366,18 @@ class TextEnv(gym.Env[Observation, Any]):
 
     # ---- helpers --------------------------------------------------------------------------
 
+    def _turn_info(self, ep: Episode, text: str) -> dict[str, Any]:
+        """What every step's info holds: the turn's number, the model's turn as the env read
+        it (`text`: the chat message), and with the `timings` reset option its seconds."""
+        info: dict[str, Any] = {"turn": ep.turns, "text": text}
+        if self._timings:
+            info["timings"] = dict(ep.turn_timings[-1])
+        return info
+
     def _run(self, coro: Any) -> Any:
+        caller = _CALLER_LOOP.get()
+        if caller is not None:  # through wrappers, on the env's `through_wrappers` thread
+            return asyncio.run_coroutine_threadsafe(coro, caller).result()
         try:
             asyncio.get_running_loop()
         except RuntimeError:

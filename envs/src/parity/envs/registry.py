@@ -1,7 +1,7 @@
 """Registering environments with gymnasium under `parity/...` ids, with a one-line description.
 
     register_env("parity/MyTask-v0", "my_pkg.my_env:MyEnv", "What the task is, in one line.")
-    env = gymnasium.make("parity/MyTask-v0", difficulty=2)   # kwargs go to MyEnv.__init__
+    env = make_env("parity/MyTask-v0", difficulty=2)   # gymnasium.make; kwargs go to MyEnv
 """
 
 from __future__ import annotations
@@ -53,14 +53,15 @@ def _docstring(env_id: str) -> str:
     return ((cls.__doc__ or "").strip().splitlines() or [""])[0]
 
 
-def make_env(env_id: str, **kwargs: Any) -> Any:
-    """`gymnasium.make(env_id, **kwargs).unwrapped`: the env itself, with `areset`/`astep`,
-    and with a clear error for an unknown id. "my_pkg.envs:parity/X-v0" imports `my_pkg.envs`
-    first (where it registers itself), as gymnasium.make does."""
+def make_env(env_id: str, **kwargs: Any) -> gym.Env:
+    """`gymnasium.make(env_id, **kwargs)`, wrappers and all (the runner steps through
+    them; the env itself, with `areset`/`astep`, is `.unwrapped`), with a clear error for an
+    unknown id. "my_pkg.envs:parity/X-v0" imports `my_pkg.envs` first (where it registers
+    itself), as gymnasium.make does."""
     if ":" in env_id:
         module, env_id = env_id.split(":", 1)
         importlib.import_module(module)
     if env_id not in gym.registry:
         known = ", ".join(e["id"] for e in list_envs())
         raise UnknownEnvError(f"unknown environment {env_id!r}; registered: {known}")
-    return gym.make(env_id, **kwargs).unwrapped
+    return gym.make(env_id, **kwargs)

@@ -14,6 +14,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import gymnasium as gym
+
 from parity.core.types import Completion, SamplingParams, Trajectory
 from parity.envs.core import TextEnv
 
@@ -21,7 +23,7 @@ Generate = Callable[[list[int], SamplingParams], Awaitable[Completion]]
 
 
 async def run_episode(
-    env: Any,
+    env: gym.Env,
     generate: Generate,
     *,
     seed: int | None,
@@ -29,27 +31,34 @@ async def run_episode(
     group_id: str = "",
     options: dict[str, Any] | None = None,
 ) -> Trajectory:
-    """Play one episode of `env` (a TextEnv, possibly gymnasium-wrapped) with `generate`.
+    """Play one episode of `env` (a TextEnv, or one under gymnasium wrappers: every reset
+    and step goes through them) with `generate`.
 
     `sampling` stop tokens default to the tokenizer's `stop_token_ids`. The result's
     `finish_reason` is the env's ("answer", "max_turns", "max_tokens", "timeout",
-    "env_error", ...) or "generate_error: ..." when the engine raised (reward 0). `timings` sums model_s, env_s, sandbox_s and reward_s;
-    `info["turn_timings"]` has them per turn.
+    "env_error", ...) or "generate_error: ..." when the engine raised (reward 0). `timings`
+    sums model_s, env_s, sandbox_s and reward_s; `info["turn_timings"]` has them per turn.
     """
-    env = env.unwrapped
-    if not isinstance(env, TextEnv):
-        raise TypeError(f"run_episode needs a parity TextEnv, got {type(env).__name__}")
+    inner = env.unwrapped
+    if not isinstance(inner, TextEnv):
+        raise TypeError(f"run_episode needs a parity TextEnv, got {type(inner).__name__}")
     sampling = sampling or SamplingParams()
     if not sampling.stop_token_ids:
-        sampling = sampling.model_copy(update={"stop_token_ids": tuple(env.tokenizer.stop_token_ids)})
-    obs, reset_info = await env.areset(seed=seed, options=options)
+        sampling = sampling.model_copy(update={"stop_token_ids": tuple(inner.tokenizer.stop_token_ids)})
+    options = {**(options or {}), "timings": True}
+    if env is inner:  # no wrappers: straight on this loop
+        obs, reset_info = await inner.areset(seed=seed, options=options)
+    else:
+        obs, reset_info = await inner.through_wrappers(lambda: env.reset(seed=seed, options=options))
     tokens = list(obs["token_ids"])
+    messages = [dict(m) for m in obs["messages"]]
     mask, logprobs, versions = [0] * len(tokens), [0.0] * len(tokens), [-1] * len(tokens)
     model_s: list[float] = []
+    env_timings: list[dict[str, float]] = []
     reward, info = 0.0, {}
     finish = ""
     while True:
-        budget = env.limits.max_tokens - len(tokens)
+        budget = inner.limits.max_tokens - len(tokens)
         turn = sampling.model_copy(update={"max_new_tokens": max(1, min(sampling.max_new_tokens, budget))})
         t0 = time.monotonic()
         try:
@@ -64,9 +73,13 @@ async def run_episode(
         versions += completion.versions
         if finish:
             break
-        obs, reward, terminated, truncated, info = await env.astep(
-            {"token_ids": completion.token_ids, "finish_reason": completion.finish_reason}
-        )
+        action = {"token_ids": completion.token_ids, "finish_reason": completion.finish_reason}
+        if env is inner:
+            obs, reward, terminated, truncated, info = await inner.astep(action)
+        else:
+            obs, reward, terminated, truncated, info = await inner.through_wrappers(lambda a=action: env.step(a))
+        env_timings.append(info["timings"])
+        messages += [{"role": "assistant", "content": info["text"]}, *map(dict, obs["messages"])]
         delta = list(obs["token_ids"])
         tokens += delta
         mask += [0] * len(delta)
@@ -74,12 +87,12 @@ async def run_episode(
         versions += [-1] * len(delta)
         if terminated or truncated:
             break
-    ep = env.episode
-    turn_timings = [dict(t, model_s=m) for t, m in zip(ep.turn_timings, model_s, strict=False)]
+    turn_timings = [{"env_s": t["env_s"], "sandbox_s": t["sandbox_s"], "model_s": m}
+                    for t, m in zip(env_timings, model_s, strict=False)]
     timings = {"model_s": sum(model_s)}
     for key in ("env_s", "sandbox_s"):
-        timings[key] = sum(t[key] for t in ep.turn_timings)
-    timings["reward_s"] = ep.reward_s
+        timings[key] = sum(t[key] for t in env_timings)
+    timings["reward_s"] = env_timings[-1].get("reward_s", 0.0) if env_timings else 0.0
     return Trajectory(
         group_id=group_id,
         tokens=tokens,
@@ -88,26 +101,28 @@ async def run_episode(
         versions=versions,
         reward=float(reward),
         reward_components=dict(info.get("reward_components", {})),
-        num_turns=ep.turns,
+        num_turns=len(env_timings),
         finish_reason=finish or info.get("finish_reason", ""),
         timings=timings,
         info={
             "task": reset_info.get("task", {}),
-            "messages": [dict(m) for m in ep.messages],
+            "messages": messages,
             "turn_timings": turn_timings,
             **{k: info[k] for k in ("tool_calls", "parse_errors", "reward_errors", "metrics") if k in info},
         },
     )
 
 
-def oracle_generate(env: Any) -> Generate:
-    """A `generate` that plays `env`'s oracle: its ideal turn, encoded, plus the end-of-turn
-    token (logprob 0, version 0). For `parity envs check` and SFT demonstrations."""
-    env = env.unwrapped
-    tok = env.tokenizer
+def oracle_generate(env: gym.Env, turn: Callable[[TextEnv], str] | None = None) -> Generate:
+    """A `generate` that plays `turn(env)` (by default the env's oracle: its ideal turn),
+    encoded, plus the end-of-turn token (logprob 0, version 0). For `parity envs check`
+    and SFT demonstrations."""
+    inner = env.unwrapped
+    tok = inner.tokenizer
 
     async def generate(prompt_token_ids: list[int], sampling: SamplingParams) -> Completion:
-        ids = [*tok.encode(env.oracle_action()), tok.eos_token_id][: sampling.max_new_tokens]
+        text = turn(inner) if turn else inner.oracle_action()
+        ids = [*tok.encode(text), tok.eos_token_id][: sampling.max_new_tokens]
         finish = "stop" if ids and ids[-1] == tok.eos_token_id else "length"
         return Completion(ids, [0.0] * len(ids), [0] * len(ids), finish)
 

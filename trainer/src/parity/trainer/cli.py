@@ -10,6 +10,7 @@ import typer
 from parity.engine.cli import bench_engine
 from parity.envs.cli import app as envs_app
 from parity.envs.desktop.cli import bench_desktop
+from parity.model import blas
 from parity.model.cli import bench_learner
 from parity.sandboxes.cli import app as sandbox_app
 from parity.sandboxes.cli import bench_sandbox
@@ -39,4 +40,5 @@ app.add_typer(envs_app, name="envs", help="List, check and play environments.")
 
 
 def main() -> None:
+    blas.configure()  # MKL's mode, before any command's first GEMM; Ray workers inherit it
     app()

@@ -6,13 +6,21 @@ Used by `parity eval` and by `parity train`, which measures the model before and
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from parity.core.types import Trajectory
 from parity.trainer.config import TrainConfig, load_train_config
 from parity.trainer.rollout import BackendFactory, EpisodeFactory
 
 HELD_OUT_SEED = 1_000_000  # task seeds from here on are never used for training
+
+
+def pass_rate(trajs: Sequence[Trajectory]) -> float:
+    """The fraction of episodes that passed: the env's `info["passed"]` where it says, else
+    a positive reward."""
+    return sum(bool(t.info.get("passed", t.reward > 0)) for t in trajs) / len(trajs)
 
 
 def model_dir_of(checkpoint: Path) -> Path:
@@ -44,7 +52,7 @@ def heldout(cfg: TrainConfig, model_dir: Path | str, n: int,
     trajs = asyncio.run(run_all())
     return {
         "reward_mean": sum(t.reward for t in trajs) / n,
-        "pass_rate": sum(bool(t.info.get("passed", t.reward > 0)) for t in trajs) / n,
+        "pass_rate": pass_rate(trajs),
     }
 
 

@@ -4,7 +4,7 @@ versions' weights that split D3 into numerical mismatch and policy lag.
 
 Alignment of the flat trajectory with the model's logprobs: `token_logprobs(model, tokens)`
 returns lp[:, t] = log π(tokens[t+1] | tokens[:t+1]), so the learner uses
-μ = logprobs[1:], mask = loss_mask[1:], versions = versions[1:].
+μ = logprobs[1:], mask = loss_mask[1:], versions = versions[1:] (`parity.model.batch`).
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from torch import Tensor, nn
 
 from parity.core.timing import Timeline
 from parity.core.types import Trajectory
+from parity.model.batch import TokenBatch
+from parity.model.batch import collate as collate_trajectories
 from parity.trainer.config import TrainConfig
 from parity.trainer.is_stats import (
     ess_frac,
@@ -29,29 +31,17 @@ from parity.trainer.is_stats import (
     sequence_log_ratio,
     split_d3,
 )
-from parity.trainer.loss import (
-    gate_keep,
-    group_advantages,
-    lr_at,
-    response_losses,
-    token_weights,
-    vcpo_lr_scale,
-)
+from parity.trainer.loss import group_advantages, lr_at, reinforce_zero_loss, vcpo_lr_scale
 
 LogprobFn = Callable[..., Tensor]  # (model, tokens[B,T], temperature=, lengths=[, chunk_size=])
 #                                    -> [B, T-1]
 
 
 @dataclass
-class Batch:
-    """Responses collated for the learner, right-padded. Shapes: tokens [B, T]; mu, mask,
-    versions [B, T-1] (aligned to the logprob positions); lengths, rewards, groups [B]."""
+class Batch(TokenBatch):
+    """Responses collated for the learner (`parity.model.batch`), with rewards and group
+    indices [B]."""
 
-    tokens: Tensor
-    lengths: Tensor
-    mu: Tensor
-    mask: Tensor
-    versions: Tensor
     rewards: Tensor
     groups: Tensor
 
@@ -59,26 +49,8 @@ class Batch:
 def collate(groups: list[list[Trajectory]]) -> Batch:
     """Pad the responses of `groups` (one list per prompt) into one batch."""
     trajs = [t for g in groups for t in g]
-    if not trajs:
-        raise ValueError("collate: empty batch")
-    T = max(len(t.tokens) for t in trajs)
-    B = len(trajs)
-    tokens = torch.zeros(B, T, dtype=torch.long)
-    mu = torch.zeros(B, T - 1, dtype=torch.float64)  # exact for float32 or float64 μ
-    mask = torch.zeros(B, T - 1, dtype=torch.float32)
-    versions = torch.full((B, T - 1), -1, dtype=torch.long)
-    for i, t in enumerate(trajs):
-        n = len(t.tokens)
-        if n and t.loss_mask[0]:
-            raise ValueError(f"trajectory {t.group_id}: the first token is marked generated")
-        tokens[i, :n] = torch.tensor(t.tokens, dtype=torch.long)
-        mu[i, : n - 1] = torch.tensor(t.logprobs[1:], dtype=torch.float64)
-        mask[i, : n - 1] = torch.tensor(t.loss_mask[1:], dtype=torch.float32)
-        versions[i, : n - 1] = torch.tensor(t.versions[1:], dtype=torch.long)
     return Batch(
-        tokens=tokens,
-        lengths=torch.tensor([len(t.tokens) for t in trajs]),
-        mu=mu, mask=mask, versions=versions,
+        **vars(collate_trajectories(trajs)),
         rewards=torch.tensor([t.reward for t in trajs], dtype=torch.float64),
         groups=torch.tensor([gi for gi, g in enumerate(groups) for _ in g]),
     )
@@ -104,7 +76,9 @@ def micro_batches(lengths: Tensor, budget: int) -> list[list[int]]:
 class Learner:
     """Owns the trained model, its optimizer and the last `max_lag + 1` versions' weights.
 
-    `version` k = number of updates applied; the weights after update k are version k."""
+    `version` k = number of updates applied; the weights after update k are version k.
+    The process's RNGs belong to its owner (the learner actor seeds them); `state()` saves
+    them for resume."""
 
     def __init__(self, cfg: TrainConfig, model: nn.Module, logprob_fn: LogprobFn) -> None:
         self.cfg = cfg
@@ -118,7 +92,6 @@ class Learner:
         self._shadow: nn.Module | None = None  # loads older versions for the D3 split
         self.timeline = Timeline("learner")
         self.skipped_nonfinite = 0
-        torch.manual_seed(cfg.train.seed)
 
     def weights(self) -> dict[str, Tensor]:
         """A CPU copy of the current weights (HF parameter names)."""
@@ -161,11 +134,8 @@ class Learner:
         for idx in mbs:
             with tl.span("forward", "learner_fwd", tokens=int(b.lengths[idx].sum())):
                 lp = self._logprobs(self.model, b, idx)
-                logw = lp.detach() - b.mu[idx]
-                w = token_weights(logw, cfg.loss)
-                gate[idx] = gate_keep(logw, b.mask[idx], cfg.loss)
-                keep = gate[idx] & (b.mask[idx].sum(-1) > 0)
-                loss = (response_losses(lp, w, b.mask[idx], adv[idx]) * keep).sum()
+                loss, gate[idx] = reinforce_zero_loss(lp, b.mu[idx], b.mask[idx], adv[idx],
+                                                      cfg.loss)
             with tl.span("backward", "learner_bwd"):
                 loss.backward()
             logp_k[idx] = lp.detach().double()

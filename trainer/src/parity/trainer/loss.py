@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from parity.trainer.config import LossSection
-from parity.trainer.is_stats import d3, sequence_log_ratio
+from parity.trainer.is_stats import d3
 
 
 def group_advantages(rewards: Tensor, groups: Tensor, cfg: LossSection,
@@ -77,19 +77,15 @@ def response_losses(logp: Tensor, w: Tensor, mask: Tensor, adv: Tensor) -> Tenso
     return torch.where(n > 0, per / n.clamp_min(1), torch.zeros_like(per))
 
 
-def reinforce_zero_loss(logp: Tensor, mu: Tensor, mask: Tensor, rewards: Tensor,
-                        groups: Tensor, cfg: LossSection) -> tuple[Tensor, dict[str, float]]:
-    """The whole loss on one batch [B, T] (tests and small batches; the learner does the
-    same through `response_losses` per micro-batch). Returns (loss, stats)."""
+def reinforce_zero_loss(logp: Tensor, mu: Tensor, mask: Tensor, adv: Tensor,
+                        cfg: LossSection) -> tuple[Tensor, Tensor]:
+    """The loss of responses [B, T] with advantages `adv` [B] (from the whole batch's
+    groups): (Σ_i over kept responses of their terms, the sequence gate [B]). The learner
+    sums it over micro-batches and divides by the batch-wide N kept, which is L exactly."""
     logw = logp.detach() - mu
-    log_rho = sequence_log_ratio(logw, mask)
-    adv = group_advantages(rewards, groups, cfg, log_rho)
-    w = token_weights(logw, cfg)
     gate = gate_keep(logw, mask, cfg)
     keep = gate & (mask.sum(-1) > 0)
-    per = response_losses(logp, w, mask, adv)
-    loss = (per * keep).sum() / max(int(keep.sum()), 1)
-    return loss, {"gate/rejected_frac": float((~gate).sum()) / max(logp.shape[0], 1)}
+    return (response_losses(logp, token_weights(logw, cfg), mask, adv) * keep).sum(), gate
 
 
 def vcpo_lr_scale(ess_frac: float, rule: str) -> float:

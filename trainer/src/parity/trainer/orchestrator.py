@@ -27,6 +27,7 @@ from parity.core.timing import Span, step_seconds
 from parity.core.types import Trajectory
 from parity.trainer.checkpoint import Checkpoint, save_checkpoint
 from parity.trainer.config import TrainConfig
+from parity.trainer.evaluate import pass_rate
 from parity.trainer.learner import Learner, LogprobFn
 from parity.trainer.nodes import NodeMismatchError, disagreement
 from parity.trainer.rollout import BackendFactory, EpisodeFactory, GroupResult, RolloutWorker
@@ -54,6 +55,7 @@ class LearnerActor:
         import torch
 
         torch.set_num_threads(max(1, os.cpu_count() or 1))
+        torch.manual_seed(cfg.train.seed)  # this process's RNG: seeded here, saved by the learner
         self.cfg = cfg
         self.io = io
         self.model_dir = Path(model_dir)
@@ -423,7 +425,7 @@ def _batch_stats(groups: list[list[Trajectory]]) -> dict[str, float]:
     n = len(trajs)
     return {
         "reward/mean": sum(t.reward for t in trajs) / n,
-        "reward/pass_rate": sum(bool(t.info.get("passed", t.reward > 0)) for t in trajs) / n,
+        "reward/pass_rate": pass_rate(trajs),
         "response/len_mean": sum(t.num_generated for t in trajs) / n,
         "episode/turns_mean": sum(t.num_turns for t in trajs) / n,
     }

@@ -22,9 +22,9 @@ from typing import Any, Protocol
 
 from parity.core.timing import Span, Timeline
 from parity.core.types import Completion, SamplingParams, Trajectory
+from parity.envs.runner import Generate
 from parity.trainer.config import TrainConfig
 
-Generate = Callable[[list[int], SamplingParams], Awaitable[Completion]]
 EpisodeFn = Callable[[Generate, int, int], Awaitable[Trajectory]]
 
 

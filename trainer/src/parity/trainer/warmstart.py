@@ -14,16 +14,20 @@ bits (not yet verified: a rebuild takes about 35 minutes on 2 cores).
 from __future__ import annotations
 
 import asyncio
-import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from parity.core.types import Completion, SamplingParams, Trajectory
+from parity.core.types import Trajectory
 from parity.model import Decoder, token_logprobs
+from parity.model.batch import collate
+from parity.trainer.loss import lr_at
+
+if TYPE_CHECKING:
+    from parity.envs.core import TextEnv
 
 
 @dataclass
@@ -36,22 +40,14 @@ class SFTConfig:
     seed: int = 0
 
 
-def _demonstrator(env: Any, use_tool: bool) -> Callable:
-    """A `generate` that plays the oracle, or answers at once when `use_tool` is False."""
-    tok = env.unwrapped.tokenizer
-
-    async def generate(prompt: list[int], sampling: SamplingParams) -> Completion:
-        inner = env.unwrapped
-        text = inner.oracle_action() if use_tool else f"<ans>{inner.episode.task['answer']}</ans>"
-        ids = [*tok.encode(text), tok.eos_token_id]
-        return Completion(ids, [0.0] * len(ids), [0] * len(ids), "stop")
-
-    return generate
+def _answer_at_once(env: TextEnv) -> str:
+    """The right answer with no tool call: what the model has to recall from memory."""
+    return f"<ans>{env.episode.task['answer']}</ans>"
 
 
 async def _collect(make_env: Callable[[], Any], seeds: list[int], p_tool: float, concurrency: int,
                    progress: Callable[[int], None]) -> list[Trajectory]:
-    from parity.envs.runner import run_episode
+    from parity.envs.runner import oracle_generate, run_episode
 
     rng = random.Random(seeds[0] if seeds else 0)
     plan = [(s, rng.random() < p_tool) for s in seeds]
@@ -63,7 +59,8 @@ async def _collect(make_env: Callable[[], Any], seeds: list[int], p_tool: float,
         try:
             while queue:
                 i, (seed, use_tool) = queue.pop()
-                out[i] = await run_episode(env, _demonstrator(env, use_tool), seed=seed)
+                play = oracle_generate(env, None if use_tool else _answer_at_once)
+                out[i] = await run_episode(env, play, seed=seed)
                 progress(1)
         finally:
             env.close()
@@ -79,21 +76,11 @@ def demonstrations(make_env: Callable[[], Any], seeds: list[int], p_tool: float,
     return asyncio.run(_collect(make_env, seeds, p_tool, concurrency, progress))
 
 
-def _batch(demos: list[Trajectory]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    t = max(len(d.tokens) for d in demos)
-    tokens = torch.zeros(len(demos), t, dtype=torch.long)
-    mask = torch.zeros(len(demos), t - 1)
-    for i, d in enumerate(demos):
-        tokens[i, : len(d.tokens)] = torch.tensor(d.tokens)
-        mask[i, : len(d.tokens) - 1] = torch.tensor(d.loss_mask[1:], dtype=torch.float32)
-    return tokens, mask, torch.tensor([len(d.tokens) for d in demos])
-
-
 def sft_loss(model: Decoder, demos: list[Trajectory]) -> torch.Tensor:
     """Mean negative log-likelihood of the model-written tokens of `demos`."""
-    tokens, mask, lengths = _batch(demos)
-    lp = token_logprobs(model, tokens, lengths=lengths)
-    return -(lp * mask).sum() / mask.sum()
+    b = collate(demos)
+    lp = token_logprobs(model, b.tokens, lengths=b.lengths)
+    return -(lp * b.mask).sum() / b.mask.sum()
 
 
 def train_sft(model: Decoder, demos: list[Trajectory], cfg: SFTConfig,
@@ -103,17 +90,11 @@ def train_sft(model: Decoder, demos: list[Trajectory], cfg: SFTConfig,
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
                             betas=(0.9, 0.98))
 
-    def lr_at(step: int) -> float:
-        if step < cfg.warmup:
-            return cfg.lr * (step + 1) / cfg.warmup
-        frac = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
-        return cfg.lr * 0.5 * (1 + math.cos(math.pi * frac))
-
     model.train()
     for step in range(cfg.steps):
         idx = torch.randint(len(demos), (cfg.batch_size,), generator=gen).tolist()
         for group in opt.param_groups:
-            group["lr"] = lr_at(step)
+            group["lr"] = lr_at(step, cfg.steps, cfg.lr, "cosine", cfg.warmup, 0.0)
         loss = sft_loss(model, [demos[i] for i in idx])
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -20,10 +20,11 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from parity.core.types import Completion, SamplingParams
+from parity.core.types import Completion, SamplingParams, Trajectory
 from parity.engine.config import EngineConfig
 from parity.engine.engine import Engine
 from parity.model import KV_TILE, AlignmentError, Decoder, token_logprobs
+from parity.model.batch import collate
 from parity.model.selfcheck import machine, verify
 
 TEMPERATURE = 0.8
@@ -56,22 +57,25 @@ class Case:
     def of(cls, prompt: list[int], c: Completion, temperature: float = TEMPERATURE) -> Case:
         return cls(list(prompt) + c.token_ids, len(prompt), c.logprobs, temperature)
 
+    def trajectory(self) -> Trajectory:
+        """The tokens from `start` on marked generated (compared); μ and versions are left
+        empty (0, -1): the reference forward reads only the tokens."""
+        n = len(self.tokens)
+        return Trajectory("audit", self.tokens, [0] * self.start + [1] * (n - self.start),
+                          [0.0] * n, [-1] * n)
+
 
 def learner_logprobs(model: Decoder, cases: list[Case]) -> list[torch.Tensor]:
-    """The learner's per-token logprobs of each case's generated tokens, all cases in one batch."""
+    """The learner's per-token logprobs of each case's generated tokens, all cases at one
+    temperature in one batch, collated as the learner collates trajectories."""
     out: list[torch.Tensor | None] = [None] * len(cases)
     for t in sorted({c.temperature for c in cases}):
         idx = [i for i, c in enumerate(cases) if c.temperature == t]
-        longest = max(len(cases[i].tokens) for i in idx)
-        toks = torch.zeros(len(idx), longest, dtype=torch.long)
-        for row, i in enumerate(idx):
-            toks[row, : len(cases[i].tokens)] = torch.tensor(cases[i].tokens)
-        lengths = torch.tensor([len(cases[i].tokens) for i in idx])
+        b = collate([cases[i].trajectory() for i in idx])
         with torch.no_grad():
-            lp = token_logprobs(model, toks, t, lengths=lengths)
+            lp = token_logprobs(model, b.tokens, t, lengths=b.lengths)
         for row, i in enumerate(idx):
-            c = cases[i]
-            out[i] = lp[row, c.start - 1 : len(c.tokens) - 1]
+            out[i] = lp[row][b.mask[row].bool()]
     return [o for o in out if o is not None]
 
 

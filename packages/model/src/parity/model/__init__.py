@@ -1,22 +1,30 @@
-"""parity.model: the decoder, its aligned and standard kernels, HF safetensors I/O."""
+"""parity.model: the decoder, its aligned and standard kernels, HF safetensors I/O.
 
-import os
+Importing it configures nothing and loads no torch: the names below load their module on
+first use, so `parity.model.tokenizer` (all the environments need) stays torch-free. MKL's
+mode is set by its owners (`parity.model.blas.configure`).
+"""
 
-from parity.model.blas import DEFAULT_MODE
+import importlib
+from typing import Any
 
-# MKL's strict CNR mode keeps GEMMs thread-count invariant on Intel (parity.model.blas). MKL
-# reads it once, at its first call: set before that, and inherited by Ray workers started
-# afterwards. What aligned kernels rest on is proved per machine (parity.model.selfcheck).
-os.environ.setdefault("MKL_CBWR", DEFAULT_MODE)
+_LAZY = {
+    "ModelConfig": "config", "ModelConfigError": "config",
+    "Decoder": "decoder", "DenseKV": "decoder", "KVStore": "decoder",
+    "ROW_TILE": "gemm",
+    "WeightsError": "io", "load_model": "io", "save_model": "io",
+    "KernelMode": "kernels", "get_kernels": "kernels",
+    "ATTENTION_ROW_MULTIPLE": "layout", "KV_TILE": "layout", "SeqLayout": "layout",
+    "token_logprobs": "logprobs",
+    "AlignmentError": "selfcheck", "require_alignment": "selfcheck",
+}
 
-from parity.model.config import ModelConfig, ModelConfigError
-from parity.model.decoder import Decoder, DenseKV, KVStore
-from parity.model.gemm import ROW_TILE
-from parity.model.io import WeightsError, load_model, save_model
-from parity.model.kernels import KernelMode, get_kernels
-from parity.model.layout import ATTENTION_ROW_MULTIPLE, KV_TILE, SeqLayout
-from parity.model.logprobs import token_logprobs
-from parity.model.selfcheck import AlignmentError, require_alignment
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"parity.model.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'parity.model' has no attribute {name!r}")
+
 
 __all__ = [
     "ATTENTION_ROW_MULTIPLE",

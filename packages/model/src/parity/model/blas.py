@@ -2,9 +2,11 @@
 
 MKL's conditional-numerical-reproducibility (CNR) mode fixes the code branch MKL uses, and in
 strict mode (`MKL_CBWR=<branch>,STRICT`) Intel documents one reduction order per output
-element whatever the thread count, on Intel processors. `parity.model` sets
-`MKL_CBWR=AUTO,STRICT` on import unless the variable is set already (MKL reads it once, at its
-first call; Ray workers inherit it): on Intel it is what keeps GEMMs thread-count invariant.
+element whatever the thread count, on Intel processors. `configure()` asks for
+`MKL_CBWR=AUTO,STRICT` unless the variable is set already; MKL reads it once, at its first
+call, so its owners call it before any GEMM: the `parity` command at start (Ray workers
+inherit it), and the aligned-kernel switch (`require_alignment`) for library use. On Intel it
+is what keeps GEMMs thread-count invariant.
 
 It is a help, not the guarantee. On AMD (measured on Zen 3 and Zen 4) strict mode still
 computes calls of 1-3 rows on other paths, and MKL ignores a pinned branch there. Aligned
@@ -28,6 +30,13 @@ _BRANCHES = {
     8: "SSE4_2", 9: "AVX", 10: "AVX2", 11: "AVX512_MIC", 12: "AVX512", 13: "AVX512_MIC_E1",
     14: "AVX512_E1",
 }
+
+
+def configure() -> None:
+    """Ask MKL for strict CNR in this process and the ones it starts, unless MKL_CBWR says
+    otherwise. Only effective before MKL's first call in this process (nothing here can tell
+    afterwards without making that call); the proof reports the mode MKL actually runs in."""
+    os.environ.setdefault("MKL_CBWR", DEFAULT_MODE)
 
 
 @functools.cache

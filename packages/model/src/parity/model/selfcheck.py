@@ -384,6 +384,7 @@ def refusal(verdict: Verdict) -> str:
 
 def require_alignment(cfg: ModelConfig) -> Verdict:
     """The proof for `cfg`'s shapes, or AlignmentError. Called before aligned kernels serve."""
+    blas.configure()  # strict CNR, if MKL has not run yet in this process (parity.model.blas)
     verdict = verify(cfg)
     if not verdict.ok:
         raise AlignmentError(refusal(verdict))
