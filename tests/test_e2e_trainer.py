@@ -43,7 +43,7 @@ def test_chunked_learner_forward_trains_exactly_like_unchunked(model_dir):
     from parity.core.types import Trajectory
     from parity.model import load_model, token_logprobs
     from parity.trainer.config import TrainConfig
-    from parity.trainer.learner import Learner
+    from parity.trainer.learner import Learner, LearnerSettings
 
     g = torch.Generator().manual_seed(1)
     groups = []
@@ -60,7 +60,7 @@ def test_chunked_learner_forward_trains_exactly_like_unchunked(model_dir):
     out = []
     for chunk in (None, 16):
         cfg = TrainConfig.model_validate({"optim": {"lr": 1e-2, "chunk_tokens": chunk}})
-        learner = Learner(cfg, load_model(model_dir), token_logprobs)
+        learner = Learner(LearnerSettings.of(cfg), load_model(model_dir), token_logprobs)
         out.append((learner.train_step(groups), learner.weights()))
     (m_full, w_full), (m_chunk, w_chunk) = out
     assert m_full["is/d3"] == m_chunk["is/d3"] and m_full["loss"] == m_chunk["loss"]

@@ -10,17 +10,17 @@ from tiny import TinyLM, make_group, token_logprobs
 
 from parity.core.types import Trajectory
 from parity.trainer.config import TrainConfig
-from parity.trainer.learner import Learner, collate, micro_batches
+from parity.trainer.learner import Learner, LearnerSettings, collate, micro_batches
 
 SEQS_A = [[1, 2, 3, 4, 5], [1, 2, 6, 7]]
 SEQS_B = [[3, 3, 4], [3, 5, 5, 5, 5, 6]]
 
 
-def _cfg(**sections) -> TrainConfig:
+def _cfg(**sections) -> LearnerSettings:
     base = {"optim": {"lr": 1e-2}, "train": {"max_lag": 2}}
     for k, v in sections.items():
         base.setdefault(k, {}).update(v)
-    return TrainConfig.model_validate(base)
+    return LearnerSettings.of(TrainConfig.model_validate(base))
 
 
 def _groups(model, version: int, noise: float = 0.0) -> list[list[Trajectory]]:

@@ -23,7 +23,7 @@ from parity.core.timing import Timeline
 from parity.core.types import Trajectory
 from parity.model.batch import TokenBatch
 from parity.model.batch import collate as collate_trajectories
-from parity.trainer.config import TrainConfig
+from parity.trainer.config import LossSection, OptimSection, TrainConfig
 from parity.trainer.is_stats import (
     ess_frac,
     kl_k2,
@@ -73,6 +73,23 @@ def micro_batches(lengths: Tensor, budget: int) -> list[list[int]]:
     return out
 
 
+@dataclass(frozen=True)
+class LearnerSettings:
+    """What the learner reads of a run's config."""
+
+    loss: LossSection
+    optim: OptimSection
+    temperature: float  # rollout.temperature: π_θ at the temperature the rollouts sampled at
+    steps: int  # train.steps: the LR schedule's length
+    max_lag: int  # versions kept for the D3 split (0 in sync mode)
+    track_mismatch: bool  # train.track_mismatch: split D3 into mismatch and lag
+
+    @classmethod
+    def of(cls, cfg: TrainConfig) -> LearnerSettings:
+        return cls(cfg.loss, cfg.optim, cfg.rollout.temperature, cfg.train.steps, cfg.max_lag,
+                   cfg.train.track_mismatch)
+
+
 class Learner:
     """Owns the trained model, its optimizer and the last `max_lag + 1` versions' weights.
 
@@ -80,7 +97,7 @@ class Learner:
     The process's RNGs belong to its owner (the learner actor seeds them); `state()` saves
     them for resume."""
 
-    def __init__(self, cfg: TrainConfig, model: nn.Module, logprob_fn: LogprobFn) -> None:
+    def __init__(self, cfg: LearnerSettings, model: nn.Module, logprob_fn: LogprobFn) -> None:
         self.cfg = cfg
         self.model = model
         self.logprob_fn = logprob_fn
@@ -98,7 +115,7 @@ class Learner:
         return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
 
     def _logprobs(self, model: nn.Module, b: Batch, idx: list[int]) -> Tensor:
-        temp = self.cfg.rollout.temperature
+        temp = self.cfg.temperature
         chunk = self.cfg.optim.chunk_tokens
         if chunk:  # long episodes: one unpadded sequence at a time, in chunks
             rows = [self.logprob_fn(model, b.tokens[i : i + 1, : int(b.lengths[i])],
@@ -149,7 +166,7 @@ class Learner:
                     p.grad.div_(max(n_kept, 1))
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(),
                                                              cfg.optim.grad_clip))
-            lr = lr_at(k, cfg.train.steps, cfg.optim.lr, cfg.optim.schedule,
+            lr = lr_at(k, cfg.steps, cfg.optim.lr, cfg.optim.schedule,
                        cfg.optim.warmup_steps, cfg.optim.min_lr_ratio)
             lr *= vcpo_lr_scale(stats["is/ess_frac"], cfg.loss.vcpo_lr)
             finite = math.isfinite(total) and math.isfinite(grad_norm)
@@ -187,7 +204,7 @@ class Learner:
         lags = (self.version - b.versions)[gen].double()
         out["lag/mean"] = float(lags.mean()) if lags.numel() else 0.0
         out["lag/max"] = float(lags.max()) if lags.numel() else 0.0
-        if not self.cfg.train.track_mismatch:
+        if not self.cfg.track_mismatch:
             return out | {"is/d3": split_d3(logp_k, logp_k, b.mu, mask)["is/d3"]}
         logp_v, known = self._logprobs_at_versions(b, mbs, logp_k)
         split = split_d3(logp_k, logp_v, b.mu, mask * known)

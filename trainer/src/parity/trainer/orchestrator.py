@@ -14,6 +14,7 @@ of dropped groups below it: its place in consumption order).
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import sys
@@ -28,9 +29,15 @@ from parity.core.types import Trajectory
 from parity.trainer.checkpoint import Checkpoint, save_checkpoint
 from parity.trainer.config import TrainConfig
 from parity.trainer.evaluate import pass_rate
-from parity.trainer.learner import Learner, LogprobFn
+from parity.trainer.learner import Learner, LearnerSettings, LogprobFn
 from parity.trainer.nodes import NodeMismatchError, disagreement
-from parity.trainer.rollout import BackendFactory, EpisodeFactory, GroupResult, RolloutWorker
+from parity.trainer.rollout import (
+    BackendFactory,
+    EpisodeFactory,
+    GroupResult,
+    RolloutWorker,
+    WorkerSettings,
+)
 from parity.trainer.rundir import RunDir
 
 TOKENIZER_FILES = ("tokenizer", "special_tokens_map", "vocab.", "merges.txt", "chat_template",
@@ -59,7 +66,8 @@ class LearnerActor:
         self.cfg = cfg
         self.io = io
         self.model_dir = Path(model_dir)
-        self.learner = Learner(cfg, io.load(load_dir, cfg.model.kernels), io.logprobs)
+        self.learner = Learner(LearnerSettings.of(cfg), io.load(load_dir, cfg.model.kernels),
+                               io.logprobs)
 
     def node_probe(self, model_config: Any) -> dict[str, Any]:
         """The learner's process: its aligned kernels' fingerprint (parity.trainer.nodes)."""
@@ -152,7 +160,8 @@ class Orchestrator:
         actor = self.ray.remote(RolloutWorker).options(
             num_cpus=r.num_cpus_per_worker, num_gpus=r.num_gpus_per_worker,
             scheduling_strategy=strategy, max_concurrency=1000,
-        ).remote(w, self.cfg, self.backend_factory, self.episode_factory)
+        ).remote(w, WorkerSettings.of(self.cfg), functools.partial(self.backend_factory, self.cfg),
+                  functools.partial(self.episode_factory, self.cfg))
         self.worker_version[w] = 0
         if self.learner_probe is not None:  # a restarted worker may land on another node
             self._check_nodes([(f"rollout worker {w}", actor)])

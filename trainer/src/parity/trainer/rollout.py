@@ -51,6 +51,21 @@ class GroupResult:
     spans: list[Span] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class WorkerSettings:
+    """What a rollout worker reads of a run's config."""
+
+    task_seed: int  # env.task_seed: group i plays task task_seed + i
+    group_size: int  # rollout.group_size
+    seed: int  # train.seed: the base of every episode's sampling seed
+    in_flight_updates: bool  # rollout.in_flight_updates
+
+    @classmethod
+    def of(cls, cfg: TrainConfig) -> WorkerSettings:
+        return cls(cfg.env.task_seed, cfg.rollout.group_size, cfg.train.seed,
+                   cfg.rollout.in_flight_updates)
+
+
 def group_seed(base: int, index: int, member: int) -> int:
     """The sampling seed of episode `member` of group `index` (reproducible on re-run)."""
     return (base * 1_000_003 + index * 1_009 + member) % (2**31)
@@ -59,12 +74,12 @@ def group_seed(base: int, index: int, member: int) -> int:
 class RolloutWorker:
     """Runs groups of episodes; see the module docstring."""
 
-    def __init__(self, worker_id: int, cfg: TrainConfig, backend_factory: BackendFactory,
-                 episode_factory: EpisodeFactory) -> None:
+    def __init__(self, worker_id: int, cfg: WorkerSettings, make_backend: Callable[[], Backend],
+                 make_episode: Callable[[], EpisodeFn]) -> None:
         self.id = worker_id
         self.cfg = cfg
-        self.backend = backend_factory(cfg)
-        self.episode = episode_factory(cfg)
+        self.backend = make_backend()
+        self.episode = make_episode()
         self.timeline = Timeline(f"rollout-{worker_id}")
         self.timeline.step = self.backend.version
         self._active = 0
@@ -85,12 +100,12 @@ class RolloutWorker:
         return local_probe(model_config)
 
     async def run_group(self, index: int) -> GroupResult:
-        """Run the G episodes of group `index` (task seed = env.task_seed + index)."""
+        """Run the G episodes of group `index` (task seed = task_seed + index)."""
         await self._no_update_pending.wait()
         start_version = self.backend.version
-        task_seed = self.cfg.env.task_seed + index
+        task_seed = self.cfg.task_seed + index
         trajs = await asyncio.gather(*(
-            self._episode(index, task_seed, m) for m in range(self.cfg.rollout.group_size)
+            self._episode(index, task_seed, m) for m in range(self.cfg.group_size)
         ))
         return GroupResult(index, self.id, start_version, list(trajs), self.timeline.drain())
 
@@ -99,7 +114,7 @@ class RolloutWorker:
         eid = f"g{index}-{member}"
         tl = self.timeline
         state = {"turn": 0, "last": time.time()}
-        seed = group_seed(self.cfg.train.seed, index, member)
+        seed = group_seed(self.cfg.seed, index, member)
 
         async def generate(prompt_ids: list[int], sampling: SamplingParams) -> Completion:
             t0 = time.time()
@@ -143,7 +158,7 @@ class RolloutWorker:
         """Load `state_dict` as policy `version`; returns the version now in use."""
         if version <= self.backend.version:
             return self.backend.version
-        if not self.cfg.rollout.in_flight_updates:
+        if not self.cfg.in_flight_updates:
             self._no_update_pending.clear()
             await self._drained.wait()
         with self.timeline.span("update weights", "sync", version=version):
