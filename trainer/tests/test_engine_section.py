@@ -106,3 +106,11 @@ def test_the_engine_backend_is_built_from_the_section() -> None:
         5,
     )
     assert eng.max_len == 4000 and eng.runner.pool.k.shape[1:4:2] == (512, 8)
+
+
+def test_an_envs_own_longer_episode_limit_sizes_the_engine() -> None:
+    # DesktopText's default limit is 32768 tokens, not EpisodeLimits' 16384; no desktop starts
+    cfg = load_train_config(None, ['env.id="parity/DesktopText-v0"', "env.kwargs={}"])
+    assert cfg.episode_tokens == 16384
+    ec = engine_config(cfg, MODEL, torch.float32)
+    assert ec.max_model_len == 32768

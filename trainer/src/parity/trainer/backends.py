@@ -76,13 +76,26 @@ def env_kwargs(cfg: TrainConfig) -> dict[str, Any]:
     return kwargs
 
 
+def episode_tokens(cfg: TrainConfig) -> int:
+    """The run's episode token limit as its env applies it: `env.kwargs.limits`, else the
+    env's own default (an env may set a longer one than EpisodeLimits', e.g. the desktop's)."""
+    from parity.envs.registry import make_env
+
+    env = make_env(cfg.env.id, **env_kwargs(cfg))
+    try:
+        limits = getattr(env.unwrapped, "limits", None)
+        return int(limits.max_tokens) if limits is not None else cfg.episode_tokens
+    finally:
+        env.close()
+
+
 def engine_config(cfg: TrainConfig, model_config: ModelConfig, dtype: torch.dtype) -> EngineConfig:
     """The `[engine]` section sized for this model and these episodes (see EngineSection);
     ValueError naming the field when its KV pool cannot hold one episode."""
     from parity.engine import EngineConfig
     from parity.engine.kv_cache import KVPool
 
-    sized = cfg.engine.sized(cfg.episode_tokens, cfg.episodes_in_flight,
+    sized = cfg.engine.sized(episode_tokens(cfg), cfg.episodes_in_flight,
                              model_config.max_position_embeddings,
                              KVPool.bytes_per_token(model_config, dtype))
     return EngineConfig(seed=cfg.train.seed, **sized.model_dump(exclude={"kv_memory_gib"}))

@@ -22,6 +22,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode="markdown",  # docstring paragraphs reflow to the terminal's width
 )
 app.command("train")(train)
 app.command("eval")(eval_checkpoint)
