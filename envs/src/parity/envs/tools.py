@@ -37,6 +37,20 @@ class ParsedCall:
     error: str | None = None
 
 
+def one_block(text: str, open_tag: str, close_tag: str, what: str, verb: str) -> str | ParsedCall:
+    """The body of the one `open_tag`...`close_tag` block in `text`; else the ParsedCall a
+    parser returns: no call when there is no block, an error for several or an unclosed one."""
+    n_open = text.count(open_tag)
+    if n_open == 0:
+        return ParsedCall()
+    if n_open > 1:
+        return ParsedCall(error=f"error: {n_open} {what} in one turn; {verb} exactly one")
+    body = text.split(open_tag, 1)[1]
+    if close_tag not in body:
+        return ParsedCall(error=f"error: {open_tag} is not closed by {close_tag}")
+    return body.split(close_tag, 1)[0]
+
+
 class HermesParser:
     """`<tool_call>{json}</tool_call>`; the JSON needs `name` (str) and `arguments` (object)."""
 
@@ -44,15 +58,9 @@ class HermesParser:
     close_tag = "</tool_call>"
 
     def parse(self, text: str) -> ParsedCall:
-        n_open = text.count(self.open_tag)
-        if n_open == 0:
-            return ParsedCall()
-        if n_open > 1:
-            return ParsedCall(error=f"error: {n_open} tool calls in one turn; make exactly one")
-        body = text.split(self.open_tag, 1)[1]
-        if self.close_tag not in body:
-            return ParsedCall(error=f"error: {self.open_tag} is not closed by {self.close_tag}")
-        body = body.split(self.close_tag, 1)[0]
+        body = one_block(text, self.open_tag, self.close_tag, "tool calls", "make")
+        if isinstance(body, ParsedCall):
+            return body
         try:
             obj = json.loads(body)
         except (json.JSONDecodeError, RecursionError) as e:
@@ -82,15 +90,9 @@ class TaggedCodeParser:
         self.open_tag, self.close_tag, self.tool = f"<{tag}>", f"</{tag}>", tool
 
     def parse(self, text: str) -> ParsedCall:
-        n_open = text.count(self.open_tag)
-        if n_open == 0:
-            return ParsedCall()
-        if n_open > 1:
-            return ParsedCall(error=f"error: {n_open} {self.open_tag} blocks in one turn; write exactly one")
-        body = text.split(self.open_tag, 1)[1]
-        if self.close_tag not in body:
-            return ParsedCall(error=f"error: {self.open_tag} is not closed by {self.close_tag}")
-        code = body.split(self.close_tag, 1)[0]
+        code = one_block(text, self.open_tag, self.close_tag, f"{self.open_tag} blocks", "write")
+        if isinstance(code, ParsedCall):
+            return code
         if not code.strip():
             return ParsedCall(error=f"error: empty {self.open_tag} block")
         return ParsedCall(call=ToolCall(self.tool, {"code": code}))
