@@ -83,18 +83,23 @@ def oracle_episode(env: Any, seed: int = 0, env_id: str = "") -> OracleReport:
     return OracleReport(env_id, float(reward), expected, turns, info.get("finish_reason", ""), said)
 
 
-def preflight(env_id: str, kwargs: Mapping[str, Any], seed: int = 0) -> OracleReport:
-    """Make `env_id` with `kwargs` (EnvConfigError if it cannot be: an unknown id, a bad
-    argument or task file), play its oracle once, and raise EnvPreflightError unless it
-    reaches the expected reward."""
+def make_configured(env_id: str, kwargs: Mapping[str, Any]) -> Any:
+    """`make_env(env_id, **kwargs)`; EnvConfigError naming the setting if it cannot be made
+    (an unknown id, a bad argument or task file)."""
     from parity.envs.registry import UnknownEnvError, make_env
 
     try:
-        env = make_env(env_id, **kwargs)
+        return make_env(env_id, **kwargs)
     except UnknownEnvError as e:
         raise EnvConfigError(f"env.id: {e}") from e
     except (ValueError, TypeError) as e:  # the env's own check of its arguments and tasks
         raise EnvConfigError(f"env.kwargs of {env_id}: {e}") from e
+
+
+def preflight(env_id: str, kwargs: Mapping[str, Any], seed: int = 0) -> OracleReport:
+    """Make `env_id` with `kwargs` (`make_configured`), play its oracle once, and raise
+    EnvPreflightError unless it reaches the expected reward."""
+    env = make_configured(env_id, kwargs)
     try:
         report = oracle_episode(env, seed, env_id)
     finally:

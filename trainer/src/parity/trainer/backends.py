@@ -79,9 +79,9 @@ def env_kwargs(cfg: TrainConfig) -> dict[str, Any]:
 def episode_tokens(cfg: TrainConfig) -> int:
     """The run's episode token limit as its env applies it: `env.kwargs.limits`, else the
     env's own default (an env may set a longer one than EpisodeLimits', e.g. the desktop's)."""
-    from parity.envs.registry import make_env
+    from parity.envs.preflight import make_configured
 
-    env = make_env(cfg.env.id, **env_kwargs(cfg))
+    env = make_configured(cfg.env.id, env_kwargs(cfg))
     try:
         limits = getattr(env.unwrapped, "limits", None)
         return int(limits.max_tokens) if limits is not None else cfg.episode_tokens
