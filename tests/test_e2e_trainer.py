@@ -105,6 +105,17 @@ def test_async_aligned_run_has_zero_mismatch_and_bounded_lag(model_dir, ray_loca
     stale = [r for r in recs if r["lag/max"] > 0]
     assert stale and all(r["is/d3_lag"] > 0 and r["is/d3"] > 0 for r in stale)
     assert summary["dropped"] == 0
+    # the real engine marks its steps: each actor's exclusive states close every step's wall
+    from parity.core.timing import DECODE, ENV_WAIT, PREFILL
+    from parity.trainer.profile import profile_run
+
+    rep = profile_run(tmp_path / "run")
+    walls = [r["timing/step_s"] for r in recs]
+    for st in rep["states"].values():
+        assert [sum(v.values()) for v in st["per_step"].values()] == pytest.approx(walls)
+    assert {PREFILL, DECODE, ENV_WAIT} <= set(rep["states"]["rollout-0"]["seconds"])
+    assert {("turn", "generation"), ("episode", "total")} <= {
+        (r["level"], r["what"]) for r in rep["latency"]}
 
 
 @pytest.mark.slow

@@ -10,7 +10,18 @@ import pytest
 from typer.testing import CliRunner
 
 from parity.core.config import ConfigError
-from parity.core.timing import Span, Timeline, chrome_trace, read_spans, step_seconds, write_spans
+from parity.core.timing import (
+    DECODE,
+    FORWARD,
+    IDLE,
+    WAITING,
+    Span,
+    Timeline,
+    chrome_trace,
+    read_spans,
+    step_seconds,
+    write_spans,
+)
 from parity.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from parity.trainer.cli import app
 from parity.trainer.config import TrainConfig, load_train_config
@@ -89,7 +100,12 @@ def _fake_run(root: Path, steps: int = 3) -> RunDir:
         run.log_spans([Span("generate", "gen", "rollout-0", 10.0 * k, 1.5, step=k,
                             episode=f"g{k}", turn=0),
                        Span("forward", "learner_fwd", "learner", 10.0 * k + 1.5, 0.5, step=k),
-                       Span("wait", "learner_wait", "learner", 10.0 * k, 1.5, step=k)])
+                       Span("wait", "learner_wait", "learner", 10.0 * k, 1.5, step=k),
+                       Span(WAITING, "state", "learner", 10.0 * k, 1.5, step=k),
+                       Span(FORWARD, "state", "learner", 10.0 * k + 1.5, 0.5, step=k),
+                       Span(DECODE, "state", "rollout-0", 10.0 * k, 1.5, step=k),
+                       Span(IDLE, "state", "rollout-0", 10.0 * k + 1.5, 0.5, step=k),
+                       Span(f"step {k}", "step", "driver", 10.0 * k, 2.0, step=k)])
     return run
 
 
@@ -102,10 +118,11 @@ def test_profile_breakdown_and_summary(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "summary.json").read_text())["mode"] == "async"
     assert (tmp_path / "plots" / "timing.png").stat().st_size > 0
     rep = profile_run(tmp_path)
-    assert rep["breakdown"]["gen"]["total_s"] == pytest.approx(4.5)
-    assert rep["breakdown"]["gen"]["share_of_wall"] == pytest.approx(0.75)
-    assert rep["idle"]["learner_wait_frac"] == pytest.approx(0.75)
-    assert rep["idle"]["rollout_workers"] == 1
+    assert rep["actor_seconds"]["gen"]["total_s"] == pytest.approx(4.5)
+    assert rep["actor_seconds"]["gen"]["x_wall"] == pytest.approx(0.75)
+    assert rep["states"]["learner"]["share"] == pytest.approx({WAITING: 0.75, FORWARD: 0.25})
+    assert rep["states"]["rollout-0"]["share"] == pytest.approx({DECODE: 0.75, IDLE: 0.25})
+    assert rep["utilisation"] == pytest.approx({"learner": 0.25, "rollout-0": 0.75})
     assert rep["slowest_turns"][0]["gen"] == pytest.approx(1.5)
 
 

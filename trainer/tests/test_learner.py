@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -67,6 +68,22 @@ def test_d3_splits_into_mismatch_and_lag() -> None:
     m2 = learner.train_step(noisy)
     assert m2["is/d3_lag"] == 0.0
     assert m2["is/d3_mismatch"] == pytest.approx(math.exp(-0.05) - 1 + 0.05)
+
+
+def test_the_split_recomputes_a_sampled_share_of_older_sequences() -> None:
+    """At share 0.5, two of the four sequences sampled one version back are recomputed
+    under it (one forward of half the batch), and is/d3_share says so; the mismatch is still
+    measured (0 here: μ is the model's own logprob) and is/d3 still covers every token."""
+    model = TinyLM()
+    full = Learner(_cfg(train={"mismatch_share": 1.0}), copy.deepcopy(model), token_logprobs)
+    half = Learner(_cfg(train={"mismatch_share": 0.5}), model, token_logprobs)
+    g0 = _groups(model, version=0)
+    for learner in (full, half):
+        learner.train_step(g0)
+    m_full, m_half = full.train_step(g0), half.train_step(g0)
+    assert m_full["is/d3_share"] == 1.0 and m_half["is/d3_share"] == 0.5
+    assert m_half["is/d3_mismatch"] == 0.0 and m_half["is/d3_lag"] > 0
+    assert m_half["is/d3"] == m_full["is/d3"]
 
 
 def test_versions_older_than_max_lag_leave_the_split() -> None:

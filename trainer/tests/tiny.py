@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from parity.core.timing import DECODE, StateClock
 from parity.core.types import Completion, SamplingParams, Trajectory
 
 VOCAB = 11
@@ -83,6 +85,7 @@ class TinyBackend:
         self.model = load_tiny(cfg.model.path)
         self.kernels = cfg.model.kernels
         self.version = 0
+        self.state_clock: StateClock | None = None  # set by the worker, as for the engine
 
     async def agenerate(self, prompt_ids: list[int], sampling: SamplingParams) -> Completion:
         gen = torch.Generator().manual_seed(sampling.seed or 0)
@@ -90,7 +93,8 @@ class TinyBackend:
         out, lps, vers = [], [], []
         for _ in range(sampling.max_new_tokens):
             await asyncio.sleep(0)  # let weight updates and other episodes interleave
-            with torch.no_grad():
+            with self.state_clock.during(DECODE) if self.state_clock else nullcontext(), \
+                    torch.no_grad():
                 logits = self.model(torch.tensor([seq]))[0, -1]
                 if self.kernels == "aligned":
                     logits = logits.double()

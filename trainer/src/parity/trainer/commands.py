@@ -193,7 +193,6 @@ def profile(
     """Where a run's wall time went."""
     from parity.trainer.plots import timing_plot
     from parity.trainer.profile import profile_run, render
-    from parity.trainer.rundir import read_metrics
 
     try:
         report = profile_run(run_dir)
@@ -201,7 +200,8 @@ def profile(
         typer.echo(f"parity profile: {e}", err=True)
         raise typer.Exit(2) from None
     (run_dir / "plots").mkdir(exist_ok=True)
-    report["plot"] = str(timing_plot(read_metrics(run_dir), run_dir / "plots" / "timing.png"))
+    states = {track: st["per_step"] for track, st in report["states"].items()}
+    report["plot"] = str(timing_plot(states, run_dir / "plots" / "timing.png"))
     if json_:
         typer.echo(json.dumps(report, indent=2))
     else:
@@ -212,18 +212,19 @@ def profile(
 def bench_async(
     json_: Annotated[bool, typer.Option("--json")] = False,
     config: Annotated[Path | None, typer.Option(
-        "--config", help="default: examples/smoke.toml")] = None,
+        "--config", help="default: the embedded default job")] = None,
     steps: Annotated[int, typer.Option("--steps", help="updates per run")] = 8,
     set_: Annotated[list[str] | None, typer.Option(
         "--set", help="Override a key in every run: --set model.path=DIR")] = None,
     out: Annotated[Path, typer.Option("--out")] = Path("runs/bench-async"),
 ) -> None:
-    """Sync vs async training: updates per hour and final reward."""
+    """Sync vs async (lag 2, 8, 64), with and without the D3 split: updates per hour,
+    held-out success and per-actor utilisation."""
     from parity.core.config import ConfigError
     from parity.trainer.bench import bench_async as run_bench
 
     try:
-        res = run_bench(config or Path("examples/smoke.toml"), steps, out, set_ or [])
+        res = run_bench(config, steps, out, set_ or [])
     except (ConfigError, FileNotFoundError) as e:
         typer.echo(f"parity bench async: {e}", err=True)
         raise typer.Exit(2) from None
@@ -231,5 +232,7 @@ def bench_async(
         typer.echo(json.dumps(res, indent=2))
         return
     for row in res["runs"]:
-        typer.echo(f"{row['name']:>12}: {row['updates_per_hour']:8.0f} updates/h "
-                   f"({row['speedup_vs_sync']:.2f}x sync), final reward {row['final_reward']:.3f}")
+        busy = ", ".join(f"{a} {100 * u:.0f}%" for a, u in row["utilisation"].items())
+        typer.echo(f"{row['name']:>20}: {row['updates_per_hour']:8.0f} updates/h "
+                   f"({row['speedup_vs_sync']:.2f}x sync), held-out success "
+                   f"{row['heldout_success_after']}, busy: {busy}")

@@ -29,7 +29,21 @@ class EnvSection(StrictModel):
     task_seed: int = Field(0, description="first task seed; the data cursor counts up from it")
 
 
-class RolloutSection(StrictModel):
+class ActorPlacement(StrictModel):
+    """Where an actor (the learner, each rollout worker) runs and how many CPU threads it
+    computes with."""
+
+    resources: dict[str, float] = Field(default_factory=dict, description="custom Ray "
+                                        "resources it needs, e.g. {rollout = 1}: it runs only "
+                                        "on nodes started with them (`ray start --resources`); "
+                                        "a local Ray offers them all")
+    num_threads: int = Field(0, ge=0, description="torch CPU threads; 0: its Ray CPUs "
+                             "(num_cpus, num_cpus_per_worker), rounded")
+    cpu_affinity: list[int] = Field(default_factory=list, description="CPU cores its process "
+                                    "may run on (sched_setaffinity); empty: any")
+
+
+class RolloutSection(ActorPlacement):
     workers: int = Field(1, ge=1, description="number of rollout worker actors")
     num_cpus_per_worker: float = Field(1.0, gt=0)
     num_gpus_per_worker: float = Field(0.0, ge=0)
@@ -41,7 +55,13 @@ class RolloutSection(StrictModel):
                                                       "computes π_θ at the same temperature")
     max_new_tokens: int = Field(64, ge=1, description="per turn")
     in_flight_updates: bool = Field(False, description="apply new weights mid-episode")
-    max_restarts: int = Field(3, ge=0, description="restarts of a crashed worker")
+    max_restarts: int = Field(3, ge=0, description="restarts of a crashed, hung or lost "
+                              "worker")
+
+
+class LearnerSection(ActorPlacement):
+    num_cpus: float = Field(1.0, gt=0, description="Ray CPUs reserved for the learner")
+    num_gpus: float = Field(0.0, ge=0)
 
 
 class EngineSection(StrictModel):
@@ -144,6 +164,10 @@ class TrainSection(StrictModel):
     keep_checkpoints: int = Field(2, ge=1)
     track_mismatch: bool = Field(True, description="recompute logprobs under the rollout's "
                                  "version to split D3 into mismatch and lag")
+    mismatch_share: float = Field(1.0, gt=0, le=1, description="share of the sequences "
+                                  "with tokens of older versions that the D3 split recomputes "
+                                  "under those versions (one extra forward each; is/d3_share "
+                                  "reports it); 1: all")
     ray_address: str = Field("", description="empty: start a local Ray; else a cluster address")
     max_dropped_in_a_row: int = Field(8, ge=1, description="stop the run when this many "
                                       "groups in a row are dropped (their episode code raised)")
@@ -152,6 +176,13 @@ class TrainSection(StrictModel):
                                         "sandbox that did not start, an env bug)")
     max_learner_restarts: int = Field(2, ge=0, description="restarts of a dead learner actor "
                                       "from the last checkpoint, within the run")
+    start_timeout_s: float = Field(300.0, gt=0, description="the learner and each rollout "
+                                   "worker must be placed and constructed within this; else "
+                                   "the run stops, naming the placement keys")
+    sync_timeout_s: float = Field(300.0, gt=0, description="a weight publish, or a worker's "
+                                  "acknowledgement of new weights (counted from its last "
+                                  "finished group), that takes longer is a hang: the learner "
+                                  "or the worker is restarted")
     node_mismatch: Literal["error", "warn"] = Field(
         "error", description="when the learner's and a rollout worker's nodes compute aligned "
         "kernels' bits differently: error (refuse to start) or warn (train; is/d3_mismatch "
@@ -173,6 +204,7 @@ class TrainConfig(StrictModel):
     model: ModelSection = Field(default_factory=ModelSection)
     env: EnvSection = Field(default_factory=EnvSection)
     rollout: RolloutSection = Field(default_factory=RolloutSection)
+    learner: LearnerSection = Field(default_factory=LearnerSection)
     engine: EngineSection = Field(default_factory=EngineSection)
     loss: LossSection = Field(default_factory=LossSection)
     optim: OptimSection = Field(default_factory=OptimSection)
@@ -192,7 +224,9 @@ class TrainConfig(StrictModel):
 
     @property
     def episode_tokens(self) -> int:
-        """The episode token limit: `env.kwargs.limits.max_tokens`, else EpisodeLimits'."""
+        """The episode token limit as the config states it: `env.kwargs.limits.max_tokens`,
+        else EpisodeLimits'. An env's own longer default is read from the env itself when the
+        engine is sized (`backends.episode_tokens`)."""
         from parity.envs.core import EpisodeLimits  # gymnasium: loaded only when asked
 
         return int((self.env.kwargs.get("limits") or {}).get("max_tokens", EpisodeLimits.max_tokens))

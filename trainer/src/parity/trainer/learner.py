@@ -19,7 +19,16 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from parity.core.timing import Timeline
+from parity.core.timing import (
+    BACKWARD,
+    D3_SPLIT,
+    FORWARD,
+    LEARNER_OTHER,
+    OPTIMIZER,
+    WAITING,
+    StateClock,
+    Timeline,
+)
 from parity.core.types import Trajectory
 from parity.model.batch import TokenBatch
 from parity.model.batch import collate as collate_trajectories
@@ -83,11 +92,12 @@ class LearnerSettings:
     steps: int  # train.steps: the LR schedule's length
     max_lag: int  # versions kept for the D3 split (0 in sync mode)
     track_mismatch: bool  # train.track_mismatch: split D3 into mismatch and lag
+    mismatch_share: float = 1.0  # train.mismatch_share: older sequences the split recomputes
 
     @classmethod
     def of(cls, cfg: TrainConfig) -> LearnerSettings:
         return cls(cfg.loss, cfg.optim, cfg.rollout.temperature, cfg.train.steps, cfg.max_lag,
-                   cfg.train.track_mismatch)
+                   cfg.train.track_mismatch, cfg.train.mismatch_share)
 
 
 class Learner:
@@ -108,6 +118,7 @@ class Learner:
         self.history: dict[int, dict[str, Tensor]] = {0: self.weights()}
         self._shadow: nn.Module | None = None  # loads older versions for the D3 split
         self.timeline = Timeline("learner")
+        self.clock = StateClock(self.timeline, WAITING)  # the learner's exclusive state
         self.skipped_nonfinite = 0
 
     def weights(self) -> dict[str, Tensor]:
@@ -127,8 +138,13 @@ class Learner:
 
     def train_step(self, groups: list[list[Trajectory]]) -> dict[str, float]:
         """One update on complete groups; returns the step's learner metrics."""
+        with self.clock.during(LEARNER_OTHER):  # what the states inside leave: collate, stats
+            return self._train_step(groups)
+
+    def _train_step(self, groups: list[list[Trajectory]]) -> dict[str, float]:
         k = self.version
         tl = self.timeline
+        clock = self.clock
         tl.step = k
         cfg = self.cfg
         b = collate(groups)
@@ -138,7 +154,8 @@ class Learner:
         self.opt.zero_grad(set_to_none=True)
 
         if cfg.loss.vcpo_baseline:  # b* needs every ρ_i before the first backward
-            with tl.span("logprobs θ_k (baseline)", "learner_fwd"), torch.no_grad():
+            with clock.during(FORWARD), tl.span("logprobs θ_k (baseline)", "learner_fwd"), \
+                    torch.no_grad():
                 for idx in mbs:
                     logp_k[idx] = self._logprobs(self.model, b, idx).double()
             log_rho = sequence_log_ratio(logp_k - b.mu, b.mask)
@@ -149,18 +166,19 @@ class Learner:
         gate = torch.ones(len(b.lengths), dtype=torch.bool)
         total = 0.0
         for idx in mbs:
-            with tl.span("forward", "learner_fwd", tokens=int(b.lengths[idx].sum())):
+            with clock.during(FORWARD), tl.span("forward", "learner_fwd",
+                                                 tokens=int(b.lengths[idx].sum())):
                 lp = self._logprobs(self.model, b, idx)
                 loss, gate[idx] = reinforce_zero_loss(lp, b.mu[idx], b.mask[idx], adv[idx],
                                                       cfg.loss)
-            with tl.span("backward", "learner_bwd"):
+            with clock.during(BACKWARD), tl.span("backward", "learner_bwd"):
                 loss.backward()
             logp_k[idx] = lp.detach().double()
             total += float(loss.detach())
         n_kept = int((gate & (b.mask.sum(-1) > 0)).sum())
         stats = self._is_stats(b, mbs, logp_k, gate)
 
-        with tl.span("optimizer", "optim"):
+        with clock.during(OPTIMIZER), tl.span("optimizer", "optim"):
             for p in self.model.parameters():
                 if p.grad is not None:
                     p.grad.div_(max(n_kept, 1))
@@ -206,31 +224,43 @@ class Learner:
         out["lag/max"] = float(lags.max()) if lags.numel() else 0.0
         if not self.cfg.track_mismatch:
             return out | {"is/d3": split_d3(logp_k, logp_k, b.mu, mask)["is/d3"]}
-        logp_v, known = self._logprobs_at_versions(b, mbs, logp_k)
+        logp_v, known, share = self._logprobs_at_versions(b, mbs, logp_k)
         split = split_d3(logp_k, logp_v, b.mu, mask * known)
         split["is/d3"] = split_d3(logp_k, logp_k, b.mu, mask)["is/d3"]
+        split["is/d3_share"] = share
         return out | split
 
     def _logprobs_at_versions(self, b: Batch, mbs: list[list[int]], logp_k: Tensor
-                              ) -> tuple[Tensor, Tensor]:
+                              ) -> tuple[Tensor, Tensor, float]:
         """Per token, the learner's logprob under the version that sampled it (θ_v on the
-        learner's kernels), and a mask of tokens whose version's weights are still kept."""
+        learner's kernels), a mask of tokens whose version's weights are still kept, and
+        the share of sequences with older tokens that were recomputed: each costs a forward
+        per older version, so only `mismatch_share` of them (a sample drawn from the
+        version's own seed) are; the mismatch is measured on those."""
         logp_v = logp_k.clone()  # v == k: the same forward, bit for bit
         known = (b.versions == self.version).to(b.mask.dtype)
-        for v in sorted(set(b.versions[b.mask.bool()].tolist()) - {self.version}):
+        gen = b.mask.bool()
+        older = [i for i in range(len(b.lengths)) if bool((b.versions[i][gen[i]] != self.version).any())]
+        picked = set(random.Random(self.version).sample(
+            older, math.ceil(self.cfg.mismatch_share * len(older))))
+        share = len(picked) / len(older) if older else 1.0
+        for v in sorted(set(b.versions[gen].tolist()) - {self.version}):
             if v not in self.history:
                 continue  # older than max_lag (or lost on resume): left out of the split
-            sel = b.versions == v
-            rows = [i for i in range(len(b.lengths)) if bool(sel[i].any())]
+            rows = [i for i in picked if bool((b.versions[i] == v).any())]
+            if not rows:
+                continue
+            sel = (b.versions == v) & torch.isin(torch.arange(len(b.lengths)), torch.tensor(rows))[:, None]
             shadow = self._shadow_at(v)
-            with self.timeline.span(f"logprobs θ_{v}", "learner_fwd"), torch.no_grad():
+            with self.clock.during(D3_SPLIT), self.timeline.span(f"logprobs θ_{v}", "learner_fwd"), \
+                    torch.no_grad():
                 for idx in mbs:
                     idx = [i for i in idx if i in rows]
                     if idx:
                         lp = self._logprobs(shadow, b, idx)
                         logp_v[idx] = torch.where(sel[idx], lp, logp_v[idx])
             known = torch.maximum(known, sel.to(known.dtype))
-        return logp_v, known
+        return logp_v, known, share
 
     def _shadow_at(self, v: int) -> nn.Module:
         if self._shadow is None:

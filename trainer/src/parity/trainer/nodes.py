@@ -85,3 +85,61 @@ def probe_cluster(address: str, configs: dict[str, ModelConfig]) -> dict[str, An
                         "proofs_ok": all(p["proof_ok"] for p in probes)}
     return {"address": address, "nodes": len(nodes), "models": models,
             "agree": all(m["disagreement"] is None and m["proofs_ok"] for m in models.values())}
+
+
+class PlacementError(RuntimeError):
+    """The cluster cannot hold the job's actors where its config places them."""
+
+
+def demand(num_cpus: float, num_gpus: float, resources: dict[str, float]) -> dict[str, float]:
+    """The Ray resources one actor asks for."""
+    return {"CPU": num_cpus, **({"GPU": num_gpus} if num_gpus else {}), **resources}
+
+
+def _offer(resources: dict[str, float]) -> str:
+    # Ray's bookkeeping resources (memory, node:<ip>, ...) say nothing a user sets
+    shown = {k: v for k, v in sorted(resources.items()) if not k.startswith("node:")
+             and k not in ("memory", "object_store_memory") and "accelerator_type" not in k}
+    return ", ".join(f"{k} {v:g}" for k, v in shown.items()) or "nothing"
+
+
+def unplaceable(role: str, keys: str, need: dict[str, float], nodes: list[dict[str, Any]]
+                ) -> str | None:
+    """None if an alive node of `nodes` (ray.nodes()) offers `need` in total; else the error
+    text: the actor, the config keys that place it, what each node offers, the fix."""
+    alive = [n for n in nodes if n.get("Alive")]
+    if any(all(n["Resources"].get(k, 0.0) >= v for k, v in need.items() if v > 0) for n in alive):
+        return None
+    offers = "; ".join(f"{n['NodeManagerAddress']} offers {_offer(n['Resources'])}" for n in alive)
+    return (f"placement: no alive node of the Ray cluster can hold the {role}, which needs "
+            f"{_offer(need)} ({keys}); {offers or 'no node is alive'}. Start a node with those "
+            f"resources (`ray start --num-cpus N --resources '{{\"name\": 1}}'`) or change {keys}.")
+
+
+def place_process(num_threads: int, cores: list[int], cpus: float) -> int:
+    """In an actor's process: pin it to `cores` (any core if empty) and give torch
+    `num_threads` threads; 0: its Ray CPUs `cpus`, rounded (at least 1). Actors with a
+    thread per core each would contend for the cores (torch's threads spin while they wait
+    for each other), in sync mode too: the sandboxes run beside the engine. Returns the
+    thread count."""
+    import torch
+
+    if cores:
+        have = sorted(os.sched_getaffinity(0) | set(range(os.cpu_count() or 1)))
+        if not set(cores) <= set(have):
+            raise PlacementError(f"cpu_affinity {cores}: this node ({socket.gethostname()}) "
+                                 f"has cores {have[0]}-{have[-1]}")
+        os.sched_setaffinity(0, cores)
+    if num_threads == 0:
+        num_threads = max(1, round(cpus))
+    torch.set_num_threads(num_threads)
+    return num_threads
+
+
+def here() -> dict[str, Any]:
+    """Where this process runs: its Ray node id, host, torch threads and CPU cores."""
+    import ray
+    import torch
+
+    return {"node_id": ray.get_runtime_context().get_node_id(), "host": socket.gethostname(),
+            "threads": torch.get_num_threads(), "cores": sorted(os.sched_getaffinity(0))}

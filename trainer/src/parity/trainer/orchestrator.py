@@ -15,7 +15,6 @@ of dropped groups below it: its place in consumption order).
 from __future__ import annotations
 
 import functools
-import os
 import shutil
 import sys
 import time
@@ -24,14 +23,30 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from parity.core.timing import Span, step_seconds
+from parity.core.timing import (
+    CHECKPOINTING,
+    HELD,
+    PUBLISHING,
+    Span,
+    StateClock,
+    Timeline,
+    step_seconds,
+)
 from parity.core.types import Trajectory
 from parity.trainer.checkpoint import Checkpoint, save_checkpoint
 from parity.trainer.config import TrainConfig
 from parity.trainer.evaluate import pass_rate
 from parity.trainer.learner import Learner, LearnerSettings, LogprobFn
-from parity.trainer.nodes import NodeMismatchError, disagreement
+from parity.trainer.nodes import (
+    NodeMismatchError,
+    PlacementError,
+    demand,
+    disagreement,
+    place_process,
+    unplaceable,
+)
 from parity.trainer.rollout import (
+    Backend,
     BackendFactory,
     EpisodeFactory,
     GroupResult,
@@ -61,7 +76,8 @@ class LearnerActor:
     def __init__(self, cfg: TrainConfig, io: ModelIO, load_dir: str, model_dir: str) -> None:
         import torch
 
-        torch.set_num_threads(max(1, os.cpu_count() or 1))
+        lc = cfg.learner
+        place_process(lc.num_threads, lc.cpu_affinity, lc.num_cpus)
         torch.manual_seed(cfg.train.seed)  # this process's RNG: seeded here, saved by the learner
         self.cfg = cfg
         self.io = io
@@ -75,6 +91,12 @@ class LearnerActor:
 
         return local_probe(model_config)
 
+    def placement(self) -> dict[str, Any]:
+        """Where this process runs: Ray node, torch threads, CPU cores."""
+        from parity.trainer.nodes import here
+
+        return here()
+
     def restore(self, ckpt: Checkpoint) -> int:
         self.learner.load_state(ckpt.state["learner"], ckpt.optimizer)
         return self.learner.version
@@ -83,12 +105,18 @@ class LearnerActor:
         metrics = self.learner.train_step(groups)
         return metrics, self.learner.timeline.drain()
 
+    def drain_spans(self) -> list[Span]:
+        """The learner's spans so far, its current state's stretch up to now included."""
+        self.learner.clock.cut()
+        return self.learner.timeline.drain()
+
     def publish(self) -> tuple[list[Any], int, float]:
         """Put the current weights in the object store: ([ref], version, seconds)."""
         import ray
 
         t0 = time.time()
-        ref = ray.put(self.learner.weights())
+        with self.learner.clock.during(PUBLISHING):
+            ref = ray.put(self.learner.weights())
         return [ref], self.learner.version, time.time() - t0
 
     def checkpoint(self, root: str, step: int, driver: dict[str, Any], queue: dict[int, Any],
@@ -99,11 +127,12 @@ class LearnerActor:
                 if f.is_file() and f.name.startswith(TOKENIZER_FILES):
                     shutil.copy2(f, d / f.name)
 
-        path = save_checkpoint(
-            Path(root), step, write_model=write_model,
-            optimizer=self.learner.opt.state_dict(),
-            state={"learner": self.learner.state(), "driver": driver}, queue=[queue],
-            keep=keep)
+        with self.learner.clock.during(CHECKPOINTING):
+            path = save_checkpoint(
+                Path(root), step, write_model=write_model,
+                optimizer=self.learner.opt.state_dict(),
+                state={"learner": self.learner.state(), "driver": driver}, queue=[queue],
+                keep=keep)
         return str(path)
 
 
@@ -123,8 +152,20 @@ class Orchestrator:
         self.on_step = on_step
         self.backend_factory = backend_factory
         self.episode_factory = episode_factory
-        self.learner = ray.remote(LearnerActor).options(num_cpus=1).remote(
-            cfg, io, str(resume.model_dir) if resume else model_dir, model_dir)
+        lc, r = cfg.learner, cfg.rollout
+        self.asks = {  # role -> (Ray resources, the config keys that set them)
+            "learner": (demand(lc.num_cpus, lc.num_gpus, lc.resources),
+                        f"learner.num_cpus = {lc.num_cpus:g}, learner.num_gpus = "
+                        f"{lc.num_gpus:g}, learner.resources = {lc.resources}"),
+            "rollout worker": (demand(r.num_cpus_per_worker, r.num_gpus_per_worker, r.resources),
+                               f"rollout.num_cpus_per_worker = {r.num_cpus_per_worker:g}, "
+                               f"rollout.num_gpus_per_worker = {r.num_gpus_per_worker:g}, "
+                               f"rollout.resources = {r.resources}")}
+        self._placeable(["learner", "rollout worker"])  # before any actor loads a model
+        self.learner = ray.remote(LearnerActor).options(
+            num_cpus=lc.num_cpus, num_gpus=lc.num_gpus, resources=lc.resources,
+        ).remote(cfg, io, str(resume.model_dir) if resume else model_dir, model_dir)
+        self.placement: dict[str, dict[str, Any]] = {}  # role -> where it runs (nodes.here)
         self.step = 0
         self.cursor = 0  # next group index to start
         self.done: dict[int, list[Trajectory]] = {}
@@ -135,6 +176,7 @@ class Orchestrator:
         self.consumed = 0  # groups below this index are trained on or dropped
         self.dropped: dict[int, str] = {}  # group -> reason
         if resume is not None:
+            self._ready([("learner", self.learner)])
             self.step = self._learner_call(self.learner.restore.remote(resume))
             d = resume.state["driver"]
             self.cursor, self.counters = d["cursor"], {**self.counters, **d["counters"]}
@@ -146,24 +188,39 @@ class Orchestrator:
         self.restarts = [0] * cfg.rollout.workers
         self.inflight: dict[Any, tuple[int, int]] = {}  # ref -> (worker, group)
         self.updates: dict[Any, int] = {}  # ref -> worker
+        self.update_sent: dict[Any, float] = {}  # ref -> when it was sent
+        self.last_done = [time.time()] * cfg.rollout.workers  # a worker's last finished call
         self.worker_version = [0] * cfg.rollout.workers
         self.weights_ref: list[Any] = []
         self.weights_version = 0
         self.spans: list[Span] = []
+        # per worker: while the lag bound keeps it from getting a group it has room for
+        self.holds = [StateClock(Timeline(f"rollout-{w}"), None, cat="hold")
+                      for w in range(cfg.rollout.workers)]
         self.model_config = _parity_config(model_dir) if cfg.model.kernels == "aligned" else None
         self.learner_probe: dict[str, Any] | None = None
+        self.started = False  # every actor has been up once: _make_worker is a restart
 
     # -- workers --------------------------------------------------------------------------
     def _make_worker(self, w: int) -> Any:
+        """Start worker w; a restart also checks that a node can still hold it (its own may be
+        gone) and waits until it is up."""
         r = self.cfg.rollout
+        if self.started:
+            self._placeable(["rollout worker"])
         strategy = "SPREAD" if r.placement == "spread" else "DEFAULT"
+        place = functools.partial(place_process, r.num_threads, r.cpu_affinity,
+                                  r.num_cpus_per_worker)
         actor = self.ray.remote(RolloutWorker).options(
             num_cpus=r.num_cpus_per_worker, num_gpus=r.num_gpus_per_worker,
-            scheduling_strategy=strategy, max_concurrency=1000,
-        ).remote(w, WorkerSettings.of(self.cfg), functools.partial(self.backend_factory, self.cfg),
-                  functools.partial(self.episode_factory, self.cfg))
+            resources=r.resources, scheduling_strategy=strategy, max_concurrency=1000,
+        ).remote(w, WorkerSettings.of(self.cfg),
+                 functools.partial(_placed, place, functools.partial(self.backend_factory, self.cfg)),
+                 functools.partial(self.episode_factory, self.cfg))
         self.worker_version[w] = 0
-        if self.learner_probe is not None:  # a restarted worker may land on another node
+        self.last_done[w] = time.time()
+        if self.started:  # a restarted worker may land on another node
+            self._ready([(f"rollout worker {w}", actor)])
             self._check_nodes([(f"rollout worker {w}", actor)])
         if self.weights_version > 0:
             self._send_weights(w, actor)
@@ -179,8 +236,8 @@ class Orchestrator:
             probe = self._learner_call(self.learner.node_probe.remote(self.model_config))
             self.learner_probe = {**probe, "role": "learner"}
         probes = [{**p, "role": role} for p, (role, _) in zip(
-            ray.get([a.node_probe.remote(self.model_config) for _, a in workers]), workers,
-            strict=True)]
+            ray.get([a.node_probe.remote(self.model_config) for _, a in workers],
+                    timeout=self.cfg.train.start_timeout_s), workers, strict=True)]
         problem = disagreement([self.learner_probe, *probes])
         if problem is None:
             return
@@ -192,8 +249,40 @@ class Orchestrator:
     def _send_weights(self, w: int, actor: Any) -> None:
         ref = actor.update_weights.remote(self.weights_ref[0], self.weights_version)
         self.updates[ref] = w
+        self.update_sent[ref] = time.time()
+
+    def _placeable(self, roles: list[str]) -> None:
+        """PlacementError, naming the config keys, when no alive node could hold one of
+        `roles` (keys of self.asks) even with nothing else running."""
+        nodes = self.ray.nodes()
+        for role in roles:
+            problem = unplaceable(role, self.asks[role][1], self.asks[role][0], nodes)
+            if problem:
+                raise PlacementError(problem)
+
+    def _ready(self, actors: list[tuple[str, Any]]) -> None:
+        """Wait until `actors` ((role, handle)) are placed and constructed, at most
+        train.start_timeout_s; a constructor that raised raises here. Records where each
+        runs (self.placement); PlacementError naming the keys of any that did not start."""
+        t = self.cfg.train.start_timeout_s
+        refs = [a.__ray_ready__.remote() for _, a in actors]
+        _, late = self.ray.wait(refs, num_returns=len(refs), timeout=t)
+        if late:
+            roles = [role for (role, _), ref in zip(actors, refs, strict=True) if ref in late]
+            keys = sorted({self.asks[role.rstrip(" 0123456789")][1] for role in roles})
+            for _, a in actors:
+                self.ray.kill(a, no_restart=True)
+            raise PlacementError(
+                f"placement: the {', '.join(roles)} did not start within "
+                f"train.start_timeout_s = {t:g} s. A node could hold it, but its resources are "
+                f"taken by other actors, or its process could not start ({'; '.join(keys)}). "
+                f"Free or add resources, change those keys, or raise train.start_timeout_s.")
+        self.ray.get(refs)
+        wheres = self.ray.get([a.placement.remote() for _, a in actors], timeout=t)
+        self.placement.update({role: p for (role, _), p in zip(actors, wheres, strict=True)})
 
     def _restart(self, w: int, err: Exception) -> None:
+        print(f"parity train: restarting rollout worker {w}: {_cause(err)}", file=sys.stderr)
         self.restarts[w] += 1
         self.counters["worker_restarts"] += 1
         if self.restarts[w] > self.cfg.rollout.max_restarts:
@@ -204,7 +293,7 @@ class Orchestrator:
         for ref in [ref for ref, (ww, _) in self.inflight.items() if ww == w]:
             del self.inflight[ref]
         for ref in [ref for ref, ww in self.updates.items() if ww == w]:
-            del self.updates[ref]
+            del self.updates[ref], self.update_sent[ref]
         self.retry = sorted(set(self.retry) | set(lost))
         self.ray.kill(self.workers[w], no_restart=True)
         self.workers[w] = self._make_worker(w)
@@ -216,6 +305,7 @@ class Orchestrator:
         while True:
             g = self.retry[0] if self.retry else self.cursor
             if g >= total:
+                self._hold(set())
                 return
             load = [sum(1 for ww, _ in self.inflight.values() if ww == w)
                     for w in range(len(self.workers))]
@@ -223,6 +313,7 @@ class Orchestrator:
             ok = [w for w in range(len(self.workers)) if load[w] < cap
                   and slot < (self.worker_version[w] + self.cfg.max_lag + 1) * self.n]
             if not ok:
+                self._hold({w for w in range(len(self.workers)) if load[w] < cap})
                 return
             w = min(ok, key=lambda w: (load[w], w))
             ref = self.workers[w].run_group.remote(g)
@@ -231,6 +322,10 @@ class Orchestrator:
                 self.retry.pop(0)
             else:
                 self.cursor += 1
+
+    def _hold(self, held: set[int]) -> None:
+        for w, clock in enumerate(self.holds):
+            clock.enter(HELD if w in held else None)
 
     # -- main loop ------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -244,8 +339,10 @@ class Orchestrator:
     def _loop(self) -> dict[str, Any]:
         ray = self.ray
         self.workers = [self._make_worker(w) for w in range(self.cfg.rollout.workers)]
-        self._check_nodes([(f"rollout worker {w}", a) for w, a in enumerate(self.workers)])
-        self._learner_call(self.learner.publish.remote())  # the learner is up (workers start meanwhile)
+        roles = [(f"rollout worker {w}", a) for w, a in enumerate(self.workers)]
+        self._ready([("learner", self.learner), *roles])  # they load their models meanwhile
+        self._check_nodes(roles)
+        self.started = True
         if self.step > 0:
             self._publish()
         train_ref = None
@@ -263,7 +360,10 @@ class Orchestrator:
                 train_ref = self.learner.train_step.remote(batch)
                 batch_stats.update(_batch_stats(batch))
             pending = list(self.inflight) + list(self.updates) + ([train_ref] if train_ref else [])
-            ready, _ = ray.wait(pending, num_returns=1)
+            ready, _ = ray.wait(pending, num_returns=1, timeout=self._sync_wait())
+            if not ready:
+                self._restart_hung()
+                continue
             ref = ready[0]
             if ref is train_ref:
                 metrics, spans = self._learner_call(ref)
@@ -279,12 +379,15 @@ class Orchestrator:
                     self._checkpoint()
             elif ref in self.updates:
                 w = self.updates.pop(ref)
+                self.last_done[w] = time.time()
+                del self.update_sent[ref]
                 try:
                     self.worker_version[w] = max(self.worker_version[w], ray.get(ref))
                 except ray.exceptions.RayActorError as e:
                     self._restart(w, e)
             else:
                 w, g = self.inflight.pop(ref)
+                self.last_done[w] = time.time()
                 try:
                     res: GroupResult = ray.get(ref)
                 except ray.exceptions.RayActorError as e:
@@ -299,12 +402,36 @@ class Orchestrator:
                 self.dropped_in_a_row = 0
         return self.counters
 
-    def _learner_call(self, ref: Any) -> Any:
-        """ray.get of a learner call; a dead learner actor becomes LearnerDied."""
+    def _learner_call(self, ref: Any, timeout: float | None = None) -> Any:
+        """ray.get of a learner call; a dead learner actor, or one that has not answered
+        within `timeout`, becomes LearnerDied (train.py restarts it from a checkpoint)."""
         try:
-            return self.ray.get(ref)
+            return self.ray.get(ref, timeout=timeout)
         except self.ray.exceptions.RayActorError as e:
             raise LearnerDied(f"the learner actor died: {_cause(e)}") from e
+        except self.ray.exceptions.GetTimeoutError as e:
+            self.ray.kill(self.learner, no_restart=True)
+            raise LearnerDied(f"the learner actor hung: no answer within train.sync_timeout_s "
+                              f"= {timeout:g} s") from e
+
+    def _sync_wait(self) -> float | None:
+        """Seconds until the first pending weight update becomes overdue (None: none pending)."""
+        if not self.updates:
+            return None
+        due = min(max(self.update_sent[ref], self.last_done[w]) for ref, w in self.updates.items())
+        return max(0.0, due + self.cfg.train.sync_timeout_s - time.time())
+
+    def _restart_hung(self) -> None:
+        """Restart each worker that has not acknowledged new weights within
+        train.sync_timeout_s of its last finished call: its process is stuck."""
+        t = self.cfg.train.sync_timeout_s
+        now = time.time()
+        hung = {w for ref, w in self.updates.items()
+                if now - max(self.update_sent[ref], self.last_done[w]) >= t}
+        for w in sorted(hung):
+            self._restart(w, TimeoutError(
+                f"rollout worker {w} did not load weights version {self.weights_version} "
+                f"within train.sync_timeout_s = {t:g} s"))
 
     def _env_failures(self, groups: list[list[Trajectory]]) -> dict[str, float]:
         """The batch's episodes that failed on the environment's side, by reason; stops the
@@ -345,7 +472,8 @@ class Orchestrator:
 
     def _publish(self) -> None:
         """Weight sync: learner -> object store -> every worker (acks arrive later)."""
-        refs, version, put_s = self._learner_call(self.learner.publish.remote())
+        refs, version, put_s = self._learner_call(self.learner.publish.remote(),
+                                                  timeout=self.cfg.train.sync_timeout_s)
         self.spans.append(Span("publish weights", "sync", "learner", time.time() - put_s, put_s,
                                args={"version": version}))
         self.weights_ref, self.weights_version = refs, version
@@ -357,12 +485,24 @@ class Orchestrator:
         """Assemble, log and return the record of the step just trained."""
         for w, actor in enumerate(self.workers):
             try:
-                self.spans += self.ray.get(actor.drain_spans.remote())
+                self.spans += self.ray.get(actor.drain_spans.remote(),
+                                           timeout=self.cfg.train.sync_timeout_s)
             except self.ray.exceptions.RayActorError as e:
                 self._restart(w, e)
+            except self.ray.exceptions.GetTimeoutError:
+                self._restart(w, TimeoutError(f"rollout worker {w} did not answer within "
+                                              f"train.sync_timeout_s = "
+                                              f"{self.cfg.train.sync_timeout_s:g} s"))
+        self.spans += self._learner_call(self.learner.drain_spans.remote())
+        for clock in self.holds:
+            clock.cut()
+            self.spans += clock.timeline.drain()
         for s in self.spans:  # time counts towards the step in whose window it arrived
             s.step = self.step
         wall = time.time() - step_start
+        # the window the actors' exclusive states are clipped to (timing.state_seconds)
+        self.spans.append(Span(f"step {self.step}", "step", "driver", step_start, wall,
+                               step=self.step))
         secs = step_seconds(self.spans).get(self.step, {})
         self.counters["skipped_nonfinite"] = int(metrics.pop("count/skipped_nonfinite"))
         tokens = metrics.pop("learner/tokens")
@@ -399,6 +539,12 @@ class Orchestrator:
             self.cfg.train.keep_checkpoints))
         self.spans.append(Span("checkpoint", "optim", "learner", with_span,
                                time.time() - with_span))
+
+
+def _placed(place: Callable[[], int], make: Callable[[], Backend]) -> Backend:
+    """In a worker's process: its threads and cores first, then its backend loads the model."""
+    place()
+    return make()
 
 
 class RunStopped(RuntimeError):

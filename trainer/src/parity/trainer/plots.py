@@ -1,16 +1,15 @@
-"""The run's plots: reward, KL/D3 and a stacked timing bar per step (PNG, no display)."""
+"""The run's plots: reward, KL/D3 and, per actor, a bar per step of its wall time stacked
+by exclusive state (PNG, no display)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-TIMING_PARTS = (("timing/gen_s", "generation"), ("timing/env_s", "env/tool/reward"),
-                ("timing/learner_s", "learner"), ("timing/sync_s", "weight sync"),
-                ("timing/learner_wait_s", "learner waiting"))
+from parity.core.timing import STATE_ORDER, Span, state_seconds
 
 
-def write_plots(recs: list[dict[str, Any]], out: Path) -> list[Path]:
+def write_plots(recs: list[dict[str, Any]], spans: list[Span], out: Path) -> list[Path]:
     """Write reward.png, is.png and timing.png under `out`; returns their paths."""
     import matplotlib
 
@@ -43,30 +42,38 @@ def write_plots(recs: list[dict[str, Any]], out: Path) -> list[Path]:
     ax.set_title(f"rollout vs learner: D3 and KL{said}")
     paths.append(_save(fig, out / "is.png"))
 
-    paths.append(timing_plot(recs, out / "timing.png"))
+    paths.append(timing_plot(state_seconds(spans), out / "timing.png"))
     return paths
 
 
-def timing_plot(recs: list[dict[str, Any]], path: Path) -> Path:
-    """A stacked bar per step of where the seconds went (actor-seconds, so parts can sum
-    above the step's wall time when rollout and learner overlap)."""
+def timing_plot(states: dict[str, dict[int, dict[str, float]]], path: Path) -> Path:
+    """One panel per actor: a bar per step of its wall time stacked by exclusive state
+    (`parity.core.timing.state_seconds`), so each bar is that step's wall."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    steps = [r["step"] for r in recs]
-    fig, ax = plt.subplots(figsize=(max(6, len(steps) * 0.25), 4))
-    bottom = [0.0] * len(recs)
-    for key, label in TIMING_PARTS:
-        vals = [r.get(key, 0.0) for r in recs]
-        ax.bar(steps, vals, bottom=bottom, label=label)
-        bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
-    ax.plot(steps, [r.get("timing/step_s", 0.0) for r in recs], "k.-", label="step wall")
-    ax.set_xlabel("step")
-    ax.set_ylabel("seconds")
-    ax.legend(fontsize=7)
-    ax.set_title("time per step")
+    tracks = list(states) or ["(no state spans)"]
+    n_steps = max((len(v) for v in states.values()), default=1)
+    fig, axes = plt.subplots(len(tracks), 1, squeeze=False, sharex=True,
+                             figsize=(max(6, n_steps * 0.25), 2.6 * len(tracks) + 0.8))
+    colors = plt.get_cmap("tab20").colors
+    for ax, track in zip(axes[:, 0], tracks, strict=True):
+        by_step = states.get(track, {})
+        steps = sorted(by_step)
+        present = {k for v in by_step.values() for k in v}
+        bottom = [0.0] * len(steps)
+        for i, state in enumerate(STATE_ORDER):
+            if state in present:
+                vals = [by_step[k].get(state, 0.0) for k in steps]
+                ax.bar(steps, vals, bottom=bottom, label=state, color=colors[i % len(colors)])
+                bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+        ax.set_ylabel("seconds")
+        ax.set_title(f"{track}: step wall time by exclusive state", fontsize=9)
+        if present:
+            ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    axes[-1, 0].set_xlabel("step")
     return _save(fig, path)
 
 

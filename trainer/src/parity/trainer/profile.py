@@ -1,22 +1,55 @@
 """`parity profile RUN_DIR`: where a run's wall time went.
 
-Reads metrics.jsonl and spans.jsonl; reports actor-seconds per category (total, share of
-the run's wall time, mean per step), idle fractions of the learner and the rollout
-workers, and the slowest turns (a turn = one generation plus the env step after it).
+Reads metrics.jsonl and spans.jsonl. Per actor (the learner, each rollout worker) and per
+step: the wall time split into exclusive states that add up to 100% (`state_seconds`).
+Per turn and per episode: generation, env, sandbox and reward latency as distributions.
+Apart from those, in their own table: actor-seconds per span category, summed over
+concurrent episodes (so above the wall time), and the slowest turns.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from parity.core.timing import read_spans
+from parity.core.timing import (
+    BACKWARD,
+    D3_SPLIT,
+    DECODE,
+    FORWARD,
+    LEARNER_OTHER,
+    OPTIMIZER,
+    PREFILL,
+    STATE_ORDER,
+    Span,
+    percentile,
+    read_spans,
+    state_seconds,
+)
 from parity.trainer.rundir import read_metrics
+
+# an actor's utilisation: the share of wall spent on its own job
+BUSY = {FORWARD, BACKWARD, OPTIMIZER, D3_SPLIT, LEARNER_OTHER, PREFILL, DECODE}
+
+# (level, what, span categories summed per turn or per episode); a turn's env is the env
+# step after that model turn (the last turn's includes scoring: category "reward")
+LATENCIES = (
+    ("turn", "generation", ("gen",)),
+    ("turn", "env", ("env", "reward")),
+    ("turn", "sandbox", ("sandbox",)),
+    ("episode", "generation", ("gen",)),
+    ("episode", "env", ("env", "reward")),
+    ("episode", "sandbox", ("sandbox",)),
+    ("episode", "reward", ("reward",)),
+    ("episode", "total", ("episode",)),
+)
+QUANTILES = (50, 90, 99)
 
 
 def profile_run(run_dir: str | Path, n_slowest: int = 10) -> dict[str, Any]:
-    """The breakdown as plain data (what `--json` prints)."""
+    """The report as plain data (what `--json` prints)."""
     root = Path(run_dir)
     recs = read_metrics(root)
     if not recs:
@@ -24,39 +57,78 @@ def profile_run(run_dir: str | Path, n_slowest: int = 10) -> dict[str, Any]:
     spans = read_spans(root / "spans.jsonl")
     wall = sum(r.get("timing/step_s", 0.0) for r in recs)
     steps = len(recs)
-    per_cat: dict[str, float] = defaultdict(float)
-    for s in spans:
-        if s.cat != "episode":
-            per_cat[s.cat] += s.dur
-    workers = sorted({s.track for s in spans if s.track.startswith("rollout")})
-    breakdown = {
-        cat: {"total_s": sec, "share_of_wall": sec / wall if wall else 0.0,
-              "per_step_s": sec / steps}
-        for cat, sec in sorted(per_cat.items(), key=lambda kv: -kv[1])
-    }
-    learner_busy = sum(per_cat.get(c, 0.0) for c in ("learner_fwd", "learner_bwd", "optim"))
-    turns: dict[tuple[str, int], dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    for s in spans:
-        if s.turn >= 0 and s.cat in ("gen", "env", "reward"):
-            turns[(s.episode, s.turn)][s.cat] += s.dur
-    slow = sorted(turns.items(), key=lambda kv: -sum(kv[1].values()))[:n_slowest]
+    states = {track: actor_states(by_step) for track, by_step in state_seconds(spans).items()}
     return {
         "run_dir": str(root),
         "steps": steps,
         "wall_s": wall,
-        "breakdown": breakdown,
-        "idle": {
-            "learner_wait_frac": per_cat.get("learner_wait", 0.0) / wall if wall else 0.0,
-            "learner_busy_frac": learner_busy / wall if wall else 0.0,
-            "rollout_idle_frac": (per_cat.get("rollout_idle", 0.0) / (wall * len(workers))
-                                  if wall and workers else 0.0),
-            "rollout_workers": len(workers),
-        },
-        "slowest_turns": [
-            {"episode": ep, "turn": t, "total_s": sum(parts.values()), **dict(parts)}
-            for (ep, t), parts in slow
-        ],
+        "states": states,
+        "utilisation": {track: sum(v for k, v in st["share"].items() if k in BUSY)
+                        for track, st in states.items()},
+        "latency": latencies(spans),
+        "actor_seconds": actor_seconds(spans, wall, steps),
+        "slowest_turns": slowest_turns(spans, n_slowest),
     }
+
+
+def actor_states(by_step: dict[int, dict[str, float]]) -> dict[str, Any]:
+    """One actor's states over the run: seconds, share of the wall, and per step."""
+    total: dict[str, float] = defaultdict(float)
+    for states in by_step.values():
+        for state, sec in states.items():
+            total[state] += sec
+    wall = sum(total.values())
+    order = sorted(total, key=_state_order)
+    return {
+        "wall_s": wall,
+        "seconds": {k: total[k] for k in order},
+        "share": {k: total[k] / wall if wall else 0.0 for k in order},
+        "per_step": {step: dict(states) for step, states in sorted(by_step.items())},
+    }
+
+
+def _state_order(state: str) -> tuple[int, str]:
+    return (STATE_ORDER.index(state) if state in STATE_ORDER else len(STATE_ORDER), state)
+
+
+def latencies(spans: Iterable[Span]) -> list[dict[str, Any]]:
+    """Per turn and per episode: n, mean, p50/p90/p99 and max seconds of each `LATENCIES`
+    row that has spans."""
+    spans = [s for s in spans if s.episode]
+    rows = []
+    for level, what, cats in LATENCIES:
+        sums: dict[tuple[str, str, int], float] = defaultdict(float)
+        for s in spans:
+            if s.cat in cats and (level == "episode" or s.turn >= 0):
+                sums[(s.track, s.episode, s.turn if level == "turn" else -1)] += s.dur
+        if sums:
+            vals = list(sums.values())
+            rows.append({"level": level, "what": what, "n": len(vals),
+                         "mean": sum(vals) / len(vals), "max": max(vals),
+                         **{f"p{q}": percentile(vals, q) for q in QUANTILES}})
+    return rows
+
+
+def actor_seconds(spans: Iterable[Span], wall: float, steps: int) -> dict[str, dict[str, float]]:
+    """Seconds per span category summed over actors and concurrent episodes: total, per
+    step, and as a multiple of the run's wall time (above 1 where episodes overlap)."""
+    per_cat: dict[str, float] = defaultdict(float)
+    for s in spans:
+        if s.cat not in ("episode", "state", "hold", "step"):  # parents, and the budget's own
+            per_cat[s.cat] += s.dur
+    return {cat: {"total_s": sec, "per_step_s": sec / steps, "x_wall": sec / wall if wall else 0.0}
+            for cat, sec in sorted(per_cat.items(), key=lambda kv: -kv[1])}
+
+
+def slowest_turns(spans: Iterable[Span], n: int) -> list[dict[str, Any]]:
+    """The `n` turns (a generation plus the env step after it) with the most seconds."""
+    turns: dict[tuple[str, int], dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for s in spans:
+        if s.turn >= 0 and s.cat in ("gen", "env", "reward"):
+            turns[(s.episode, s.turn)][s.cat] += s.dur
+    slow = sorted(turns.items(), key=lambda kv: -sum(kv[1].values()))[:n]
+    return [{"episode": ep, "turn": t, "total_s": sum(parts.values()), **dict(parts)}
+            for (ep, t), parts in slow]
 
 
 def render(report: dict[str, Any]) -> None:
@@ -67,17 +139,36 @@ def render(report: dict[str, Any]) -> None:
     con = Console()
     con.print(f"[bold]{report['run_dir']}[/]: {report['steps']} steps, "
               f"{report['wall_s']:.1f} s wall")
-    t = Table(title="actor-seconds by category")
-    for col in ("category", "total s", "% of wall", "s / step"):
-        t.add_column(col, justify="right" if col != "category" else "left")
-    for cat, row in report["breakdown"].items():
-        t.add_row(cat, f"{row['total_s']:.2f}", f"{100 * row['share_of_wall']:.1f}",
-                  f"{row['per_step_s']:.3f}")
+    if not report["states"]:
+        con.print("no exclusive-state spans in spans.jsonl (a run from before they existed)")
+    for track, st in report["states"].items():
+        n = len(st["per_step"])
+        t = Table(title=f"{track}: where the wall time went (exclusive states, "
+                        f"{100 * report['utilisation'][track]:.1f}% busy)")
+        for col in ("state", "s", "% of wall", "s / step"):
+            t.add_column(col, justify="left" if col == "state" else "right")
+        for state, sec in st["seconds"].items():
+            t.add_row(state, f"{sec:.2f}", f"{100 * st['share'][state]:.1f}",
+                      f"{sec / max(n, 1):.3f}")
+        t.add_row("[bold]total[/]", f"{st['wall_s']:.2f}",
+                  f"{100 * sum(st['share'].values()):.1f}", f"{st['wall_s'] / max(n, 1):.3f}")
+        con.print(t)
+    if report["latency"]:
+        t = Table(title="latency distributions (seconds)")
+        for col in ("per", "what", "n", "mean", "p50", "p90", "p99", "max"):
+            t.add_column(col, justify="left" if col in ("per", "what") else "right")
+        for row in report["latency"]:
+            t.add_row(row["level"], row["what"], str(row["n"]),
+                      *(f"{row[k]:.3f}" for k in ("mean", "p50", "p90", "p99", "max")))
+        con.print(t)
+    t = Table(title="actor-seconds (concurrent episodes): summed over actors and overlapping "
+                    "episodes, so not a share of the wall")
+    for col in ("category", "actor-s", "actor-s / step", "× wall"):
+        t.add_column(col, justify="left" if col == "category" else "right")
+    for cat, row in report["actor_seconds"].items():
+        t.add_row(cat, f"{row['total_s']:.2f}", f"{row['per_step_s']:.3f}",
+                  f"{row['x_wall']:.2f}")
     con.print(t)
-    idle = report["idle"]
-    con.print(f"learner waiting {100 * idle['learner_wait_frac']:.1f}% · learner busy "
-              f"{100 * idle['learner_busy_frac']:.1f}% · rollout idle "
-              f"{100 * idle['rollout_idle_frac']:.1f}% ({idle['rollout_workers']} workers)")
     if report["slowest_turns"]:
         t = Table(title="slowest turns")
         for col in ("episode", "turn", "total s", "gen s", "env s"):

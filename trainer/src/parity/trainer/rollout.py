@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from parity.core.timing import Span, Timeline
+from parity.core.timing import ENV_WAIT, IDLE, LOADING, Span, StateClock, Timeline
 from parity.core.types import Completion, SamplingParams, Trajectory
 from parity.envs.runner import Generate
 from parity.trainer.config import TrainConfig
@@ -78,9 +78,14 @@ class RolloutWorker:
                  make_episode: Callable[[], EpisodeFn]) -> None:
         self.id = worker_id
         self.cfg = cfg
+        self.timeline = Timeline(f"rollout-{worker_id}")
+        # the worker's exclusive state; building the backend loads the model
+        self.clock = StateClock(self.timeline, LOADING)
         self.backend = make_backend()
         self.episode = make_episode()
-        self.timeline = Timeline(f"rollout-{worker_id}")
+        self.clock.enter(IDLE)
+        if hasattr(self.backend, "state_clock"):  # the engine marks its prefill/decode steps
+            self.backend.state_clock = self.clock
         self.timeline.step = self.backend.version
         self._active = 0
         self._idle_since: float | None = time.time()
@@ -99,6 +104,12 @@ class RolloutWorker:
 
         return local_probe(model_config)
 
+    def placement(self) -> dict[str, Any]:
+        """Where this worker's process runs: Ray node, torch threads, CPU cores."""
+        from parity.trainer.nodes import here
+
+        return here()
+
     async def run_group(self, index: int) -> GroupResult:
         """Run the G episodes of group `index` (task seed = task_seed + index)."""
         await self._no_update_pending.wait()
@@ -114,6 +125,7 @@ class RolloutWorker:
         eid = f"g{index}-{member}"
         tl = self.timeline
         state = {"turn": 0, "last": time.time()}
+        env_starts: list[float] = []  # per turn: when the env got the model's turn
         seed = group_seed(self.cfg.seed, index, member)
 
         async def generate(prompt_ids: list[int], sampling: SamplingParams) -> Completion:
@@ -123,6 +135,7 @@ class RolloutWorker:
                    turn=state["turn"] - 1)
             c = await self.backend.agenerate(prompt_ids, sampling)
             state["last"] = time.time()
+            env_starts.append(state["last"])
             tl.add("generate", "gen", t0, state["last"] - t0, episode=eid, turn=state["turn"],
                    tokens=len(c.token_ids), version=self.backend.version)
             state["turn"] += 1
@@ -138,6 +151,11 @@ class RolloutWorker:
                turn=state["turn"] - 1)
         tl.add(f"episode {eid}", "episode", t_start, t_end - t_start, episode=eid,
                reward=traj.reward, turns=traj.num_turns)
+        # the env measured its sandbox time per turn; placed at the start of that env step
+        for t, timing in enumerate(traj.info.get("turn_timings", [])[:len(env_starts)]):
+            if timing.get("sandbox_s"):
+                tl.add("sandbox", "sandbox", env_starts[t], timing["sandbox_s"], episode=eid,
+                       turn=t)
         return traj
 
     def _enter(self) -> None:
@@ -145,6 +163,7 @@ class RolloutWorker:
             now = time.time()
             self.timeline.add("idle", "rollout_idle", self._idle_since, now - self._idle_since)
             self._idle_since = None
+            self.clock.enter(ENV_WAIT)  # the engine's steps mark themselves within it
         self._active += 1
         self._drained.clear()
 
@@ -152,6 +171,7 @@ class RolloutWorker:
         self._active -= 1
         if self._active == 0:
             self._idle_since = time.time()
+            self.clock.enter(IDLE)
             self._drained.set()
 
     async def update_weights(self, state_dict: dict[str, Any], version: int) -> int:
@@ -161,7 +181,8 @@ class RolloutWorker:
         if not self.cfg.in_flight_updates:
             self._no_update_pending.clear()
             await self._drained.wait()
-        with self.timeline.span("update weights", "sync", version=version):
+        with self.clock.during(LOADING), self.timeline.span("update weights", "sync",
+                                                           version=version):
             self.backend.update_weights(state_dict, version)
         self.timeline.step = version
         self._no_update_pending.set()
@@ -174,6 +195,7 @@ class RolloutWorker:
             now = time.time()
             self.timeline.add("idle", "rollout_idle", self._idle_since, now - self._idle_since)
             self._idle_since = now
+        self.clock.cut()
         return self.timeline.drain()
 
     def ping(self) -> int:

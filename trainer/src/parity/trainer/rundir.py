@@ -106,7 +106,7 @@ class RunDir:
         if plots and recs:
             from parity.trainer.plots import write_plots
 
-            write_plots(recs, self.root / "plots")
+            write_plots(recs, spans, self.root / "plots")
         return summary
 
 

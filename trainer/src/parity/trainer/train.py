@@ -20,7 +20,8 @@ from parity.trainer.rundir import RunDir
 
 def start_ray(address: str, cfg: TrainConfig) -> None:
     """Join the cluster at `address`, or start a local Ray sized to hold the actors even on
-    a 2-core laptop (logical CPUs: one learner plus the workers)."""
+    a 2-core laptop (logical CPUs: the learner's plus the workers'), offering every custom
+    resource the config places them with (`learner.resources`, `rollout.resources`)."""
     if not address:
         # Under `uv run`, Ray would rebuild the workspace into a fresh environment for its
         # workers; local workers share this interpreter's instead. And a local instance
@@ -34,9 +35,13 @@ def start_ray(address: str, cfg: TrainConfig) -> None:
     if address:
         ray.init(address=address, log_to_driver=True)
         return
-    need = 1 + cfg.rollout.workers * cfg.rollout.num_cpus_per_worker
-    ray.init(num_cpus=max(os.cpu_count() or 1, int(need + 0.999)), include_dashboard=False,
-             log_to_driver=True)
+    r = cfg.rollout
+    need = cfg.learner.num_cpus + r.workers * r.num_cpus_per_worker
+    custom = {k: v + r.workers * r.resources.get(k, 0.0) for k, v in cfg.learner.resources.items()}
+    custom |= {k: r.workers * v for k, v in r.resources.items() if k not in custom}
+    # address="local": a Ray of its own, even when another job's Ray runs on this machine
+    ray.init(address="local", num_cpus=max(os.cpu_count() or 1, int(need + 0.999)),
+             resources=custom or None, include_dashboard=False, log_to_driver=True)
 
 
 def run_training(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
@@ -88,6 +93,7 @@ def run_training(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
                 bar.start_at(orch.step)
             try:
                 counters = orch.run()
+                placement = orch.placement
                 break
             except LearnerDied as e:
                 restarts += 1
@@ -108,7 +114,7 @@ def run_training(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
                        "segments": len(segs),
                        "mode": cfg.train.mode, "max_lag": cfg.max_lag,
                        "heldout_success_before": before, "heldout_success_after": after,
-                       **counters}, plots=cfg.output.plots)
+                       "placement": placement, **counters}, plots=cfg.output.plots)
 
 
 def _restart_point(run: RunDir) -> Checkpoint | None:

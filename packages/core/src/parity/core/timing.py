@@ -15,11 +15,21 @@ Span categories used across the project (a span's `cat`):
   learner_wait  the learner waiting for a full batch of groups
   rollout_idle  a rollout worker with no episode in flight
   episode       a whole episode (parent of its gen/env/reward spans)
+  sandbox       the sandbox's share of one env step (its duration as the env measured it)
+  state         one stretch of an actor's exclusive state (`StateClock`); named by state
+  hold          a stretch during which the driver's lag bound held a worker back
+  step          a training step's window on the driver (start to its metrics record)
+
+Exclusive states (`StateClock`): an actor is in exactly one state at a time, so its state
+spans tile its time and, clipped to the driver's step windows, add up to each step's wall
+(`state_seconds`). The other categories are actor-seconds: concurrent episodes overlap.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
+import math
 import os
 import threading
 import time
@@ -33,8 +43,20 @@ from typing import Any
 
 CATEGORIES = (
     "gen", "env", "reward", "learner_fwd", "learner_bwd", "optim", "sync",
-    "learner_wait", "rollout_idle", "episode",
+    "learner_wait", "rollout_idle", "episode", "sandbox", "state", "hold", "step",
 )
+
+# The exclusive states (span names of category "state"). Learner:
+FORWARD, BACKWARD, OPTIMIZER, D3_SPLIT = "forward", "backward", "optimizer", "D3 split"
+LEARNER_OTHER = "other (collate, IS stats, version history)"
+WAITING, PUBLISHING, CHECKPOINTING = "waiting for data", "publishing weights", "checkpointing"
+# rollout worker (PREFILL: an engine step computing any row of more than one token):
+PREFILL, DECODE = "engine: prefill", "engine: decode"
+ENV_WAIT = "waiting on envs"  # episodes in flight, the engine not stepping
+HELD, LOADING, IDLE = "held by admission control", "loading weights", "idle"
+UNRECORDED = "unrecorded"  # a step window's time no state span of the actor covers
+STATE_ORDER = (FORWARD, BACKWARD, OPTIMIZER, D3_SPLIT, LEARNER_OTHER, PUBLISHING, CHECKPOINTING,
+               WAITING, PREFILL, DECODE, ENV_WAIT, LOADING, HELD, IDLE, UNRECORDED)
 
 
 @dataclass
@@ -101,6 +123,49 @@ class Timeline:
         return out
 
 
+class StateClock:
+    """One actor's exclusive state: one current state at a time; the time between two
+    transitions becomes a span (category `cat`, named by the state) on `timeline`. State
+    None records nothing (e.g. a hold that is over)."""
+
+    def __init__(self, timeline: Timeline, state: str | None, cat: str = "state") -> None:
+        self.timeline = timeline
+        self.cat = cat
+        self.state = state
+        self._since = time.time()
+        self._lock = threading.Lock()  # engine steps and actor methods may run on threads
+
+    def enter(self, state: str | None) -> str | None:
+        """Switch to `state` (staying in the same state is no transition); returns the
+        previous state."""
+        with self._lock:
+            prev = self.state
+            if state != prev:
+                self._close(time.time())
+                self.state = state
+            return prev
+
+    @contextmanager
+    def during(self, state: str) -> Iterator[None]:
+        """`state` for the body, then back to the state current before it."""
+        prev = self.enter(state)
+        try:
+            yield
+        finally:
+            self.enter(prev)
+
+    def cut(self) -> None:
+        """Record the current stretch up to now and go on in the same state (before the
+        timeline is drained, so that a long stretch counts in the step it spans)."""
+        with self._lock:
+            self._close(time.time())
+
+    def _close(self, now: float) -> None:
+        if self.state is not None:
+            self.timeline.add(self.state, self.cat, self._since, now - self._since)
+        self._since = now
+
+
 def step_seconds(spans: Iterable[Span]) -> dict[int, dict[str, float]]:
     """Seconds per category for each step: {step: {cat: seconds}} (`episode` spans excluded,
     since their children already count)."""
@@ -109,6 +174,66 @@ def step_seconds(spans: Iterable[Span]) -> dict[int, dict[str, float]]:
         if s.cat != "episode":
             out[s.step][s.cat] += s.dur
     return {k: dict(v) for k, v in out.items()}
+
+
+def state_seconds(spans: Iterable[Span]) -> dict[str, dict[int, dict[str, float]]]:
+    """Per actor and step, the seconds of each exclusive state: {track: {step: {state: s}}}.
+
+    The actor's state spans are clipped to the driver's step windows (category "step");
+    within a worker's `IDLE` the driver's holds (category "hold") count as `HELD`; window
+    time no state span covers is `UNRECORDED`. Each step's states add up to its wall."""
+    spans = list(spans)
+    windows = sorted((s.start, s.end, s.step) for s in spans if s.cat == "step")
+    starts = [w[0] for w in windows]
+    states: dict[str, list[Span]] = defaultdict(list)
+    holds: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for s in spans:
+        if s.cat == "state":
+            states[s.track].append(s)
+        elif s.cat == "hold":
+            holds[s.track].append((s.start, s.end))
+    out: dict[str, dict[int, dict[str, float]]] = {}
+    for track, track_spans in sorted(states.items()):
+        held = sorted(holds[track])
+        secs: dict[int, dict[str, float]] = {step: defaultdict(float) for _, _, step in windows}
+        for s in track_spans:
+            i = max(bisect.bisect_right(starts, s.start) - 1, 0)
+            while i < len(windows) and windows[i][0] < s.end:
+                w0, w1, step = windows[i]
+                lo, hi = max(w0, s.start), min(w1, s.end)
+                if hi > lo:
+                    h = _overlap(held, lo, hi) if s.name == IDLE else 0.0
+                    secs[step][s.name] += hi - lo - h
+                    if h:
+                        secs[step][HELD] += h
+                i += 1
+        for w0, w1, step in windows:
+            rest = (w1 - w0) - sum(secs[step].values())
+            if rest > 0:
+                secs[step][UNRECORDED] += rest
+        out[track] = {step: dict(v) for step, v in secs.items()}
+    return out
+
+
+def _overlap(intervals: list[tuple[float, float]], lo: float, hi: float) -> float:
+    """Seconds of [lo, hi) covered by `intervals` (sorted, not overlapping each other)."""
+    i = max(bisect.bisect_right(intervals, (lo, lo)) - 1, 0)
+    total = 0.0
+    while i < len(intervals) and intervals[i][0] < hi:
+        total += max(0.0, min(hi, intervals[i][1]) - max(lo, intervals[i][0]))
+        i += 1
+    return total
+
+
+def percentile(values: Iterable[float], q: float) -> float:
+    """The q-th percentile (0..100), linear between the closest ranks (numpy's default)."""
+    xs = sorted(values)
+    if not xs:
+        raise ValueError("percentile of no values")
+    pos = q / 100 * (len(xs) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
 def slowest(spans: Iterable[Span], cat: str, n: int = 10) -> list[Span]:
@@ -132,17 +257,34 @@ def chrome_trace(spans: Iterable[Span]) -> dict[str, Any]:
          "args": {"sort_index": pid[t]}}
         for t in tracks
     ]
+    rows = {(pid[s.track], _thread(s)) for s in spans if not s.episode}
+    events += [
+        {"ph": "M", "name": "thread_name", "pid": p, "tid": tid,
+         "args": {"name": THREAD_ROWS[tid]}}
+        for p, tid in sorted(rows)
+    ]
     for s in spans:
         args = {"step": s.step, **({"episode": s.episode} if s.episode else {}),
                 **({"turn": s.turn} if s.turn >= 0 else {}), **s.args}
-        # Episodes overlap on a worker (continuous batching): give each its own thread row.
-        tid = (zlib.crc32(s.episode.encode()) % 10_000 + 1) if s.episode else 0
+        tid = _thread(s)
         events.append({
             "ph": "X", "name": s.name, "cat": s.cat, "pid": pid[s.track], "tid": tid,
             "ts": round((s.start - t0) * 1e6, 1), "dur": round(s.dur * 1e6, 1),
             "args": _jsonable(args),
         })
     return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+THREAD_ROWS = {0: "state (exclusive)", 1: "admission", 2: "spans"}
+
+
+def _thread(s: Span) -> int:
+    """The span's thread row in its actor's process: the exclusive state on top, then the
+    driver's holds, other spans, and one row per episode (episodes overlap on a worker:
+    continuous batching)."""
+    if s.episode:
+        return zlib.crc32(s.episode.encode()) % 10_000 + len(THREAD_ROWS)
+    return {"state": 0, "hold": 1}.get(s.cat, 2)
 
 
 def _track_order(track: str) -> tuple[int, str]:

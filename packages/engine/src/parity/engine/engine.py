@@ -23,9 +23,11 @@ import random
 import threading
 from collections.abc import Mapping
 from collections.abc import Sequence as Seq
+from contextlib import nullcontext
 
 import torch
 
+from parity.core.timing import DECODE, PREFILL, StateClock
 from parity.core.types import Completion, SamplingParams
 from parity.engine.block_manager import BlockManager
 from parity.engine.config import EngineConfig
@@ -65,6 +67,7 @@ class Engine:
         self._futures: dict[int, asyncio.Future[Completion]] = {}
         self._loop_task: asyncio.Task[None] | None = None
         self.num_steps = 0
+        self.state_clock: StateClock | None = None  # a rollout worker's: steps mark themselves
 
     @property
     def num_cached_tokens(self) -> int:
@@ -208,8 +211,11 @@ class Engine:
             if not batch.seqs:
                 return []
             self.num_steps += 1
-            sampled = self.runner.run(batch)
-            finished = postprocess(self.scheduler, batch, sampled, self.version, self.tokenizer)
+            kind = DECODE if all(n == 1 for n in batch.num_new) else PREFILL
+            with self.state_clock.during(kind) if self.state_clock else nullcontext():
+                sampled = self.runner.run(batch)
+                finished = postprocess(self.scheduler, batch, sampled, self.version,
+                                       self.tokenizer)
             for seq in finished:
                 fut = self._futures.get(seq.seq_id)
                 if fut is not None and not fut.done():
