@@ -27,7 +27,7 @@ from parity.core.timing import (
     read_spans,
 )
 from parity.trainer.config import TrainConfig
-from parity.trainer.orchestrator import ModelIO
+from parity.trainer.learner_actor import ModelIO
 from parity.trainer.profile import profile_run
 from parity.trainer.rundir import read_metrics
 from parity.trainer.train import run_training

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from parity.core.types import SamplingParams, Trajectory
 from parity.trainer.config import TrainConfig
-from parity.trainer.orchestrator import ModelIO
+from parity.trainer.learner_actor import ModelIO
 from parity.trainer.rollout import Backend, EpisodeFn, Generate
 
 if TYPE_CHECKING:

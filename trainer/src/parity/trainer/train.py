@@ -13,7 +13,8 @@ from typing import Any
 from parity.trainer.checkpoint import Checkpoint, latest_checkpoint, load_checkpoint, remove_partial
 from parity.trainer.config import TrainConfig, load_train_config
 from parity.trainer.evaluate import heldout, model_dir_of
-from parity.trainer.orchestrator import LearnerDied, ModelIO, Orchestrator, RunStopped
+from parity.trainer.learner_actor import ModelIO
+from parity.trainer.orchestrator import LearnerDied, Orchestrator, RunStopped
 from parity.trainer.rollout import BackendFactory, EpisodeFactory
 from parity.trainer.rundir import RunDir
 
