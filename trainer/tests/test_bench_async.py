@@ -40,3 +40,11 @@ def test_bench_runs_every_lag_with_and_without_the_split(
     assert rows["async-lag64"]["heldout_success_after"] == 0.5
     assert rows["sync"]["utilisation"] == pytest.approx({"learner": 0.25, "rollout-0": 0.5})
     assert sum(rows["sync"]["states"]["rollout-0"].values()) == pytest.approx(1.0)
+
+
+def test_bench_refuses_a_used_directory(tmp_path: Path) -> None:
+    # a used run directory would be continued and its old steps mixed into the figures
+    (tmp_path / "sync").mkdir()
+    with pytest.raises(FileExistsError, match=r"--out: .* is not empty; give a new directory"):
+        bench.bench_async(None, 3, tmp_path, [])
+    assert (tmp_path / "sync").is_dir()  # nothing removed

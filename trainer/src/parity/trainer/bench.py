@@ -30,6 +30,9 @@ def bench_async(config: Path | None, steps: int, out: Path, overrides: list[str]
     steps, and per actor its utilisation and exclusive-state shares (`parity profile`)."""
     from parity.trainer.rundir import read_metrics
 
+    if out.exists() and any(out.iterdir()):
+        # a run directory that holds a run would be continued, mixing its steps into these
+        raise FileExistsError(f"--out: {out} is not empty; give a new directory")
     runs = []
     for name, lag in LAGS:
         for track in TRACK_MISMATCH:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -216,16 +217,18 @@ def bench_async(
     steps: Annotated[int, typer.Option("--steps", help="updates per run")] = 8,
     set_: Annotated[list[str] | None, typer.Option(
         "--set", help="Override a key in every run: --set model.path=DIR")] = None,
-    out: Annotated[Path, typer.Option("--out")] = Path("runs/bench-async"),
+    out: Annotated[Path | None, typer.Option(
+        "--out", help="A new directory for the runs (default runs/bench-async-<time>).")] = None,
 ) -> None:
     """Sync vs async (lag 2, 8, 64), with and without the D3 split: updates per hour,
     held-out success and per-actor utilisation."""
     from parity.core.config import ConfigError
     from parity.trainer.bench import bench_async as run_bench
 
+    out = out or Path("runs") / time.strftime("bench-async-%Y%m%d-%H%M%S")
     try:
         res = run_bench(config, steps, out, set_ or [])
-    except (ConfigError, FileNotFoundError) as e:
+    except (ConfigError, FileNotFoundError, FileExistsError) as e:
         typer.echo(f"parity bench async: {e}", err=True)
         raise typer.Exit(2) from None
     if json_:
