@@ -8,21 +8,13 @@ import torch
 
 from parity.core.config import ConfigError
 from parity.engine.kv_cache import KVPool
-from parity.model import ModelConfig
+from parity.model.shapes import TINY
 from parity.trainer.backends import engine_backend, engine_config
 from parity.trainer.config import load_train_config
 
-# 4 layers x 2 KV heads x 64 dims, K and V, float32: 4096 bytes per token slot
-MODEL = ModelConfig(
-    model_type="qwen2",
-    vocab_size=259,
-    hidden_size=256,
-    intermediate_size=768,
-    num_hidden_layers=4,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=131072,
-)
+# the embedded shape (4 layers x 2 KV heads x 64 dims, K and V, float32: 4096 bytes per
+# token slot) with room for 128K positions
+MODEL = TINY.model_copy(update={"max_position_embeddings": 131072})
 
 
 def test_bad_values_name_the_field() -> None:
