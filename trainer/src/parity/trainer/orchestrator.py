@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from parity.core.timing import HELD, Span, StateClock, Timeline, step_seconds
+from parity.core.timing import HELD, IDLE, Span, StateClock, Timeline, step_seconds
 from parity.core.types import Trajectory
 from parity.trainer.checkpoint import Checkpoint
 from parity.trainer.config import TrainConfig
@@ -413,6 +413,9 @@ class Orchestrator:
         self.spans.append(Span(f"step {self.step}", "step", "driver", step_start, wall,
                                step=self.step))
         secs = step_seconds(self.spans).get(self.step, {})
+        # the workers' idle state (no episode in flight), held or not
+        idle = sum(s.dur for s in self.spans if s.cat == "state" and s.name == IDLE
+                   and s.track.startswith("rollout"))
         self.counters["skipped_nonfinite"] = int(metrics.pop("count/skipped_nonfinite"))
         tokens = metrics.pop("learner/tokens")
         rec: dict[str, Any] = {
@@ -426,8 +429,7 @@ class Orchestrator:
                                                               "optim")),
             "timing/sync_s": secs.get("sync", 0.0),
             "timing/learner_wait_s": secs.get("learner_wait", 0.0),
-            "timing/rollout_idle_frac": min(1.0, secs.get("rollout_idle", 0.0)
-                                            / max(wall * len(self.workers), 1e-9)),
+            "timing/rollout_idle_frac": min(1.0, idle / max(wall * len(self.workers), 1e-9)),
             "throughput/tokens_per_s": tokens / wall if wall > 0 else 0.0,
             "version": self.step + 1,
             **{f"count/{k}": v for k, v in self.counters.items()},

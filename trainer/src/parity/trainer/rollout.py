@@ -88,7 +88,6 @@ class RolloutWorker:
             self.backend.state_clock = self.clock
         self.timeline.step = self.backend.version
         self._active = 0
-        self._idle_since: float | None = time.time()
         self._drained = asyncio.Event()  # set while no episode is in flight
         self._drained.set()
         self._no_update_pending = asyncio.Event()
@@ -159,10 +158,7 @@ class RolloutWorker:
         return traj
 
     def _enter(self) -> None:
-        if self._active == 0 and self._idle_since is not None:
-            now = time.time()
-            self.timeline.add("idle", "rollout_idle", self._idle_since, now - self._idle_since)
-            self._idle_since = None
+        if self._active == 0:
             self.clock.enter(ENV_WAIT)  # the engine's steps mark themselves within it
         self._active += 1
         self._drained.clear()
@@ -170,7 +166,6 @@ class RolloutWorker:
     def _leave(self) -> None:
         self._active -= 1
         if self._active == 0:
-            self._idle_since = time.time()
             self.clock.enter(IDLE)
             self._drained.set()
 
@@ -189,12 +184,8 @@ class RolloutWorker:
         return version
 
     def drain_spans(self) -> list[Span]:
-        """The spans so far; an idle stretch in progress is reported up to now, so that
-        idle time counts towards the step in which it happened."""
-        if self._active == 0 and self._idle_since is not None:
-            now = time.time()
-            self.timeline.add("idle", "rollout_idle", self._idle_since, now - self._idle_since)
-            self._idle_since = now
+        """The spans so far; the current state's stretch is reported up to now, so that
+        e.g. idle time counts towards the step in which it happened."""
         self.clock.cut()
         return self.timeline.drain()
 

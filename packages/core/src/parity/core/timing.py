@@ -13,7 +13,6 @@ Span categories used across the project (a span's `cat`):
   optim         optimizer step (clip, AdamW, LR)
   sync          weight sync: learner -> object store -> workers
   learner_wait  the learner waiting for a full batch of groups
-  rollout_idle  a rollout worker with no episode in flight
   episode       a whole episode (parent of its gen/env/reward spans)
   sandbox       the sandbox's share of one env step (its duration as the env measured it)
   state         one stretch of an actor's exclusive state (`StateClock`); named by state
@@ -43,7 +42,7 @@ from typing import Any
 
 CATEGORIES = (
     "gen", "env", "reward", "learner_fwd", "learner_bwd", "optim", "sync",
-    "learner_wait", "rollout_idle", "episode", "sandbox", "state", "hold", "step",
+    "learner_wait", "episode", "sandbox", "state", "hold", "step",
 )
 
 # The exclusive states (span names of category "state"). Learner:
