@@ -56,6 +56,10 @@ def check_model(cfg: TrainConfig, model_dir: str) -> None:
     engine_config(cfg, model_config, torch.float32)  # the dtype load_model gives
     if cfg.model.kernels == "aligned":
         require_alignment(model_config)
+    if cfg.rollout.engine == "vllm":
+        from parity.engine.vllm import check_vllm_env
+
+        check_vllm_env(cfg.vllm.python)  # VllmEnvError says how to build it
 
 
 def check_env(cfg: TrainConfig) -> None:
@@ -102,13 +106,33 @@ def engine_config(cfg: TrainConfig, model_config: ModelConfig, dtype: torch.dtyp
 
 
 def engine_backend(cfg: TrainConfig) -> Backend:
-    """The parity engine on the model at `model.path` (version 0 until weights arrive),
-    configured by the `[engine]` section; the kernel mode is the model's."""
+    """`rollout.engine` on the model at `model.path` (version 0 until weights arrive): the
+    parity engine configured by the `[engine]` section (the kernel mode is the model's), or
+    a vLLM server configured by `[vllm]` with the same context length."""
     from parity.engine import Engine
     from parity.model import load_model
 
+    if cfg.rollout.engine == "vllm":
+        return vllm_backend(cfg)
     model = load_model(resolve_model_dir(cfg), kernels=cfg.model.kernels)
     return Engine(model, engine_config(cfg, model.config, next(model.parameters()).dtype))
+
+
+def vllm_backend(cfg: TrainConfig) -> Backend:
+    import torch
+
+    from parity.engine.vllm import VllmBackend, VllmSettings
+    from parity.model.io import check_model_dir
+
+    model_dir = resolve_model_dir(cfg)
+    sized = engine_config(cfg, check_model_dir(model_dir), torch.float32)
+    v = cfg.vllm
+    settings = VllmSettings(python=v.python, start_timeout_s=v.start_timeout_s,
+                            request_timeout_s=v.request_timeout_s, kv_cache_gib=v.kv_cache_gib,
+                            max_model_len=sized.max_model_len, max_num_seqs=v.max_num_seqs,
+                            enforce_eager=v.enforce_eager, num_threads=torch.get_num_threads(),
+                            seed=cfg.train.seed, batch_invariant=v.batch_invariant)
+    return VllmBackend(model_dir, settings)
 
 
 def env_episodes(cfg: TrainConfig) -> EpisodeFn:

@@ -91,6 +91,9 @@ def audit(
         "llama-wide, test, qwen2-0.5b. Default, with no --model: tiny, qwen3-small and "
         "llama-wide.")] = None,
     kernels: Annotated[str, typer.Option("--kernels", help="aligned or standard")] = "aligned",
+    engine: Annotated[str, typer.Option("--engine", help="parity (its aligned engine) or vllm "
+                                        "(vLLM's environment, scripts/build_vllm_env.sh): "
+                                        "measure its differences from the learner")] = "parity",
     json_: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     seed: Annotated[int, typer.Option("--seed", help="Seeds prompts and sampling.")] = 0,
     ray_address: Annotated[str | None, typer.Option(
@@ -101,24 +104,32 @@ def audit(
 
     Exit 0 when the mode shows what it must: aligned, every model bit-identical on a
     conclusive audit (enough uncertain tokens) and, with --ray-address, every node agreeing;
-    standard, differences in every model. Exit 1 otherwise, 2 on bad input."""
+    standard, differences in every model; --engine vllm, a conclusive measurement of the 5
+    scenarios a vLLM server can run. Exit 1 otherwise, 2 on bad input."""
     from parity.engine.audit import audit_models
     from parity.engine.cli import audit_targets, render_audit
+    from parity.engine.vllm import VllmEnvError, VllmError
     from parity.model import ModelConfigError, WeightsError
 
     if kernels not in ("aligned", "standard"):
         typer.echo(f"parity audit: --kernels must be 'aligned' or 'standard', not {kernels!r}",
                    err=True)
         raise typer.Exit(2)
+    if engine not in ("parity", "vllm"):
+        typer.echo(f"parity audit: --engine must be 'parity' or 'vllm', not {engine!r}", err=True)
+        raise typer.Exit(2)
     try:
         targets = audit_targets(model or [], shape or [], kernels)
-        report = audit_models(targets, kernels, seed)
+        report = audit_models(targets, kernels, seed, vllm=_audit_vllm() if engine == "vllm" else None)
         if ray_address:
             report["cluster"] = _audit_cluster(ray_address, model or [], shape or [])
             report["passed"] = report["passed"] and report["cluster"]["agree"]
     except (ValueError, ModelConfigError, WeightsError, FileNotFoundError) as e:
         typer.echo(f"parity audit: {e}", err=True)
         raise typer.Exit(2) from None
+    except (VllmEnvError, VllmError) as e:
+        typer.echo(f"parity audit: {_one_line(e)}", err=True)
+        raise typer.Exit(1) from None
     if json_:
         typer.echo(json.dumps(report, indent=2))
     else:
@@ -130,6 +141,15 @@ def audit(
                 typer.echo(f"{name} on {c['nodes']} node(s) of {c['address']}: {state}")
     if not report["passed"]:
         raise typer.Exit(1)
+
+
+def _audit_vllm():
+    """vLLM's settings for an audit (its environment checked first: VllmEnvError says how
+    to build it); a short context, the audit's prompts are short."""
+    from parity.engine.vllm import VllmSettings, check_vllm_env
+
+    check_vllm_env()
+    return VllmSettings(max_model_len=1024, max_num_seqs=64)
 
 
 def _audit_cluster(address: str, model_dirs: list[Path], shapes: list[str]) -> dict:

@@ -44,6 +44,10 @@ class ActorPlacement(StrictModel):
 
 
 class RolloutSection(ActorPlacement):
+    engine: Literal["parity", "vllm"] = Field("parity", description="parity: parity's "
+                                              "aligned engine (bit-identical logprobs); vllm: "
+                                              "vLLM in its own environment ([vllm] section), "
+                                              "whose mismatch is/d3_mismatch measures")
     workers: int = Field(1, ge=1, description="number of rollout worker actors")
     num_cpus_per_worker: float = Field(1.0, gt=0)
     num_gpus_per_worker: float = Field(0.0, ge=0)
@@ -113,6 +117,23 @@ class EngineSection(StrictModel):
                              f"fewer than one episode of {max_len} (engine.max_model_len, else "
                              f"env.kwargs.limits.max_tokens)")
         return self.model_copy(update={"kv_blocks": blocks, "kv_memory_gib": None, "max_model_len": max_len})
+
+
+class VllmSection(StrictModel):
+    """vLLM rollout workers (`rollout.engine = "vllm"`; parity.engine.vllm.VllmSettings).
+    The context is the `[engine]` section's max_model_len, sized the same way."""
+
+    python: str = Field("", description="interpreter of vLLM's environment; empty: "
+                        "$PARITY_VLLM_PYTHON, else the one scripts/build_vllm_env.sh builds")
+    start_timeout_s: float = Field(600.0, gt=0, description="the server must answer within "
+                                   "this after it starts")
+    request_timeout_s: float = Field(600.0, gt=0, description="every generation request and "
+                                     "weight update must be answered within this")
+    kv_cache_gib: int = Field(1, ge=1, description="KV cache per worker (VLLM_CPU_KVCACHE_SPACE)")
+    max_num_seqs: int = Field(256, ge=1, description="sequences vLLM runs at once")
+    enforce_eager: bool = Field(True, description="no torch.compile (starts in seconds)")
+    batch_invariant: bool = Field(False, description="VLLM_BATCH_INVARIANT=1: vLLM's "
+                                  "batch-invariant kernels (GPU; see docs/vllm.md)")
 
 
 class LossSection(StrictModel):
@@ -206,6 +227,7 @@ class TrainConfig(StrictModel):
     rollout: RolloutSection = Field(default_factory=RolloutSection)
     learner: LearnerSection = Field(default_factory=LearnerSection)
     engine: EngineSection = Field(default_factory=EngineSection)
+    vllm: VllmSection = Field(default_factory=VllmSection)
     loss: LossSection = Field(default_factory=LossSection)
     optim: OptimSection = Field(default_factory=OptimSection)
     train: TrainSection = Field(default_factory=TrainSection)
@@ -230,6 +252,14 @@ class TrainConfig(StrictModel):
         from parity.envs.core import EpisodeLimits  # gymnasium: loaded only when asked
 
         return int((self.env.kwargs.get("limits") or {}).get("max_tokens", EpisodeLimits.max_tokens))
+
+    @model_validator(mode="after")
+    def _mismatch_measured(self) -> TrainConfig:
+        if self.rollout.engine == "vllm" and not self.train.track_mismatch:
+            raise ValueError("rollout.engine = \"vllm\" needs train.track_mismatch = true: vLLM's "
+                             "logprobs are not the learner's, and is/d3_mismatch must show by "
+                             "how much")
+        return self
 
     @model_validator(mode="after")
     def _kv_holds_an_episode(self) -> TrainConfig:

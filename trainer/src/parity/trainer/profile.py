@@ -19,6 +19,7 @@ from parity.core.timing import (
     D3_SPLIT,
     DECODE,
     FORWARD,
+    GENERATING,
     LEARNER_OTHER,
     OPTIMIZER,
     PREFILL,
@@ -31,7 +32,7 @@ from parity.core.timing import (
 from parity.trainer.rundir import read_metrics
 
 # an actor's utilisation: the share of wall spent on its own job
-BUSY = {FORWARD, BACKWARD, OPTIMIZER, D3_SPLIT, LEARNER_OTHER, PREFILL, DECODE}
+BUSY = {FORWARD, BACKWARD, OPTIMIZER, D3_SPLIT, LEARNER_OTHER, PREFILL, DECODE, GENERATING}
 
 # (level, what, span categories summed per turn or per episode); a turn's env is the env
 # step after that model turn (the last turn's includes scoring: category "reward")

@@ -3,7 +3,8 @@ runner + sandbox pool), running groups of episodes concurrently on the newest we
 
 The worker is a plain class; the orchestrator makes it a Ray actor. It is generic over
   * `Backend`: anything with `version`, `async agenerate(prompt_ids, sampling) -> Completion`
-    and `update_weights(state_dict, version)` (the parity engine by default);
+    and `update_weights(state_dict, version)`, plain or async (the parity engine by default;
+    parity.engine.vllm's with `rollout.engine = "vllm"`);
   * `EpisodeFn`: `async (generate, task_seed, sampling_seed) -> Trajectory` (the env
     runner by default): one episode of the task `task_seed`.
 
@@ -15,6 +16,7 @@ until the worker's episodes have finished, and new groups wait for the update.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -33,7 +35,7 @@ class Backend(Protocol):
 
     async def agenerate(self, prompt_ids: list[int], sampling: SamplingParams) -> Completion: ...
 
-    def update_weights(self, state_dict: dict[str, Any], version: int) -> None: ...
+    def update_weights(self, state_dict: dict[str, Any], version: int) -> Any: ...
 
 
 BackendFactory = Callable[[TrainConfig], Backend]
@@ -178,7 +180,9 @@ class RolloutWorker:
             await self._drained.wait()
         with self.clock.during(LOADING), self.timeline.span("update weights", "sync",
                                                            version=version):
-            self.backend.update_weights(state_dict, version)
+            loading = self.backend.update_weights(state_dict, version)
+            if inspect.isawaitable(loading):  # a backend in another process (vLLM)
+                await loading
         self.timeline.step = version
         self._no_update_pending.set()
         return version

@@ -64,6 +64,9 @@ def run_training(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
         backends.check_model(cfg, model_dir)
     if episode_factory is None:
         backends.check_env(cfg)
+    if cfg.rollout.engine == "vllm":
+        print("parity train: rollout.engine = vllm: its logprobs are not bit-identical to the "
+              "learner's; is/d3_mismatch logs the difference at every step", file=sys.stderr)
     run = RunDir(run_dir, tensorboard=cfg.output.tensorboard)
     segment = run.begin_segment()
     ckpt = _restart_point(run) if resume else None

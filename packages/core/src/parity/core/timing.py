@@ -51,11 +51,13 @@ LEARNER_OTHER = "other (collate, IS stats, version history)"
 WAITING, PUBLISHING, CHECKPOINTING = "waiting for data", "publishing weights", "checkpointing"
 # rollout worker (PREFILL: an engine step computing any row of more than one token):
 PREFILL, DECODE = "engine: prefill", "engine: decode"
+# a vLLM worker sees only its requests, not the engine's steps: requests in flight
+GENERATING = "engine: requests in flight (vLLM)"
 ENV_WAIT = "waiting on envs"  # episodes in flight, the engine not stepping
 HELD, LOADING, IDLE = "held by admission control", "loading weights", "idle"
 UNRECORDED = "unrecorded"  # a step window's time no state span of the actor covers
 STATE_ORDER = (FORWARD, BACKWARD, OPTIMIZER, D3_SPLIT, LEARNER_OTHER, PUBLISHING, CHECKPOINTING,
-               WAITING, PREFILL, DECODE, ENV_WAIT, LOADING, HELD, IDLE, UNRECORDED)
+               WAITING, PREFILL, DECODE, GENERATING, ENV_WAIT, LOADING, HELD, IDLE, UNRECORDED)
 
 
 @dataclass

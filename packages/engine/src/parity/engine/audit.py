@@ -7,6 +7,11 @@ same weights and the same tokens, or, for decode vs prefill, with the engine's o
 of the same prefix. In aligned kernel mode every scenario must be bit-identical; in
 standard mode several are expected to differ (the audit can fail).
 
+With a vLLM backend (`parity audit --engine vllm`) the scenarios that only need the
+engine's contract (requests, weight updates) run against vLLM instead, and the report shows
+by how much its logprobs differ from the learner's; the others need the parity engine's
+step-level control and are listed as not run.
+
 An audit is only as good as the distributions it compares: a saturated softmax (logprobs of
 0) hides every difference. Each result counts the compared tokens that carry real
 uncertainty (logprob < UNCERTAIN), and a report with too few of them is inconclusive.
@@ -14,9 +19,12 @@ uncertainty (logprob < UNCERTAIN), and a report with too few of them is inconclu
 
 from __future__ import annotations
 
+import asyncio
 import random
+import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -26,6 +34,9 @@ from parity.engine.engine import Engine
 from parity.model import KV_TILE, AlignmentError, Decoder, token_logprobs
 from parity.model.batch import collate
 from parity.model.selfcheck import machine, verify
+
+if TYPE_CHECKING:
+    from parity.engine.vllm import VllmSettings
 
 TEMPERATURE = 0.8
 BLOCK = 16
@@ -100,8 +111,10 @@ def check_cases(name: str, model: Decoder, cases: list[Case]) -> ScenarioResult:
 class Auditor:
     """Runs the scenarios on one model; `rng` makes prompts and request seeds reproducible."""
 
-    def __init__(self, model: Decoder, seed: int = 0, new_tokens: int = 12) -> None:
+    def __init__(self, model: Decoder, seed: int = 0, new_tokens: int = 12,
+                 backend: Any = None) -> None:
         self.model = model
+        self.backend = backend  # a vLLM backend serving `model`'s weights, or None
         self.rng = random.Random(seed)
         self.vocab = model.config.vocab_size
         self.new_tokens = new_tokens
@@ -116,6 +129,8 @@ class Auditor:
         return SamplingParams(**kw)
 
     def engine(self, **kw) -> Engine:
+        if self.backend is not None:  # a server's settings are its own: kw do not apply
+            return self.backend
         kw.setdefault("kv_blocks", 512)
         kw.setdefault("block_size", BLOCK)
         return Engine(self.model, EngineConfig(**kw))
@@ -236,6 +251,8 @@ class Auditor:
         return compare("1 vs 2 threads", a, ref_two + ref_one)
 
     def weight_update(self) -> ScenarioResult:
+        if self.backend is not None:
+            return self.weight_update_between_requests()
         eng = self.engine(max_batch_tokens=64)
         prompts = [self.prompt(self.rng.randint(10, 60)) for _ in range(5)]
         params = [self.params(max_new_tokens=16) for _ in prompts]
@@ -261,6 +278,28 @@ class Auditor:
         b += learner_logprobs(self.model, old_cases)
         return compare("after a weight update", a, b)
 
+    def weight_update_between_requests(self) -> ScenarioResult:
+        """A backend in another process (vLLM): requests before and after an update."""
+        prompts = [self.prompt(self.rng.randint(10, 60)) for _ in range(5)]
+        params = [self.params(max_new_tokens=16) for _ in prompts]
+        old = {k: v.clone() for k, v in self.model.state_dict().items()}
+        g = torch.Generator().manual_seed(self.rng.randrange(2**31))
+        new = {k: v + 0.02 * torch.randn(v.shape, generator=g) for k, v in old.items()}
+        before = self.run(prompts, params)
+        a = [torch.tensor(c.logprobs) for c in before]
+        b = learner_logprobs(self.model, before)
+        v = self.backend.version
+        asyncio.run(self.backend.update_weights(new, v + 1))
+        self.model.load_state_dict(new)
+        try:
+            after = self.run(prompts, params)
+            a += [torch.tensor(c.logprobs) for c in after]
+            b += learner_logprobs(self.model, after)
+        finally:
+            self.model.load_state_dict(old)
+            asyncio.run(self.backend.update_weights(old, v + 2))
+        return compare("after a weight update", a, b)
+
     def run_scenario(self, sid: str) -> ScenarioResult:
         """One scenario by its id (see SCENARIOS)."""
         if sid.startswith("chunk-"):
@@ -279,6 +318,11 @@ SCENARIOS: tuple[str, ...] = (
     "learner", "batch", "needle", "decode-prefill", *[f"chunk-{c}" for c in _CHUNKS],
     "prefix-cache", "preemption", "multi-turn", "threads", "weight-update",
 )
+# what a backend reached through requests and weight updates alone can run
+# (decode vs prefill needs the parity engine's per-position seeds: the same draw at a position)
+BACKEND_SCENARIOS: tuple[str, ...] = (
+    "learner", "batch", "prefix-cache", "multi-turn", "weight-update",
+)
 
 
 def _version_case(seq, version: int) -> Case:
@@ -292,10 +336,12 @@ def _version_case(seq, version: int) -> Case:
     return Case(tokens, seq.num_prompt + first, seq.logprobs[first : last + 1], seq.params.temperature or 1.0)
 
 
-def run_audit(model: Decoder, seed: int = 0) -> dict:
-    """Every scenario on `model` (in its current kernel mode); the JSON-ready report."""
-    auditor = Auditor(model, seed)
-    results = [asdict(auditor.run_scenario(sid)) for sid in SCENARIOS]
+def run_audit(model: Decoder, seed: int = 0, backend: Any = None) -> dict:
+    """Every scenario on `model` (in its current kernel mode), on the parity engine or on
+    `backend` (those of BACKEND_SCENARIOS); the JSON-ready report."""
+    auditor = Auditor(model, seed, backend=backend)
+    run = BACKEND_SCENARIOS if backend is not None else SCENARIOS
+    results = [asdict(auditor.run_scenario(sid)) for sid in run]
     compared = sum(r["tokens_compared"] for r in results)
     uncertain = sum(r["uncertain_tokens"] for r in results)
     return {
@@ -305,16 +351,34 @@ def run_audit(model: Decoder, seed: int = 0) -> dict:
         "uncertain_tokens": uncertain,
         "conclusive": uncertain >= max(MIN_UNCERTAIN_TOKENS, MIN_UNCERTAIN_FRACTION * compared),
         "all_bitwise_equal": all(r["bitwise_equal"] for r in results),
+        "not_run": [sid for sid in SCENARIOS if sid not in run],
     }
 
 
+def _on_vllm(model: Decoder, seed: int, settings: VllmSettings) -> dict:
+    """run_audit with vLLM serving `model`'s weights (saved to a temporary directory)."""
+    from parity.engine.vllm import VllmBackend
+    from parity.model import save_model
+
+    with tempfile.TemporaryDirectory(prefix="parity-audit-") as d:
+        save_model(model, d)
+        backend = VllmBackend(d, settings)
+        try:
+            return {**run_audit(model, seed, backend), "vllm": backend.env["version"]}
+        finally:
+            backend.close()
+
+
 def audit_models(models: list[tuple[str, Callable[[], Decoder]]], kernels: str, seed: int = 0,
-                 progress: Callable[[str], None] = lambda _: None) -> dict:
-    """`run_audit` on each (name, build) model; the JSON-ready report of them all.
+                 progress: Callable[[str], None] = lambda _: None,
+                 vllm: VllmSettings | None = None) -> dict:
+    """`run_audit` on each (name, build) model, on the parity engine or, given `vllm`, on a
+    vLLM server; the JSON-ready report of them all.
 
     `passed` is the outcome each mode must show: aligned, every model bit-identical on a
     conclusive audit (and its start-up proof passed); standard, every model showing
-    differences on a conclusive audit — an audit that finds none cannot fail."""
+    differences on a conclusive audit — an audit that finds none cannot fail. On vLLM the
+    audit measures (its kernels are not the learner's): it passes when conclusive."""
     entries = []
     for name, build in models:
         progress(name)
@@ -333,12 +397,14 @@ def audit_models(models: list[tuple[str, Callable[[], Decoder]]], kernels: str, 
             v = verify(cfg)
             entry["selfcheck"] = {"ok": v.ok, "checks": v.checks, "seconds": v.seconds,
                                   "threads": v.threads, "cached": v.cached}
-        entry.update(run_audit(model, seed))
+        entry.update(run_audit(model, seed) if vllm is None else _on_vllm(model, seed, vllm))
         same = entry["all_bitwise_equal"]
-        entry["passed"] = entry["conclusive"] and (same if kernels == "aligned" else not same)
+        expected = same if kernels == "aligned" else not same
+        entry["passed"] = entry["conclusive"] and (expected or vllm is not None)
         entries.append(entry)
     return {
         "kernels": kernels,
+        "engine": "parity" if vllm is None else "vllm",
         "machine": machine(),
         "models": entries,
         "all_bitwise_equal": all(e["all_bitwise_equal"] for e in entries),

