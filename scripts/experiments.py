@@ -34,6 +34,12 @@ GROUPS: dict[str, dict[str, list[str]]] = {
         "async-lag2": ["train.mode=\"async\"", "train.max_lag=2"],
         "async-lag8": ["train.mode=\"async\"", "train.max_lag=8"],
     },
+    "vllm": {  # the same job on parity's aligned engine and on vLLM (docs/vllm.md)
+        "parity-aligned": [],
+        "vllm": ["rollout.engine=\"vllm\""],
+        "vllm+tis": ["rollout.engine=\"vllm\"", "loss.is_mode=\"tis\""],
+        "vllm+gate": ["rollout.engine=\"vllm\"", "loss.gate_kl=0.001"],
+    },
     "vcpo": {
         "lag8-vcpo-off": ["train.max_lag=8"],
         "lag8-vcpo-on": ["train.max_lag=8", "loss.vcpo_lr=\"linear\"", "loss.vcpo_baseline=true"],
@@ -129,6 +135,25 @@ def report(groups: list[str]) -> str:
                          f"{s.get('lag/mean/mean', 0):.2f}/{s.get('lag/max/max', 0):.0f} |")
         plot(names, "reward/mean", IMG / "async_reward.png", "reward by update")
         lines += ["", "![reward](img/async_reward.png)", ""]
+    if "vllm" in groups:
+        names = [n for n in GROUPS["vllm"] if (RUNS / n / "summary.json").is_file()]
+        lines += ["### parity's aligned engine vs vLLM", "",
+                  "| run | D3 peak/median | D3 mismatch median / max | KL first→last (median) | reward first→last | gate rejected (mean) | wall s |",
+                  "|---|---|---|---|---|---|---|"]
+        for n in names:
+            rows, s = metrics(n), summary(n)
+            mm = [r["is/d3_mismatch"] for r in rows if "is/d3_mismatch" in r]
+            gate = [r.get("gate/rejected_frac", 0.0) for r in rows]
+            lines.append(
+                f"| {n} | {peak_over_median(rows):.2f}× | {statistics.median(mm):.3g} / {max(mm):.3g} | "
+                f"{window(rows, 'kl/rollout_learner', True):.3g} → {window(rows, 'kl/rollout_learner', False):.3g} | "
+                f"{window(rows, 'reward/mean', True):.2f} → {window(rows, 'reward/mean', False):.2f} | "
+                f"{statistics.mean(gate):.1%} | {s['wall_s']:.0f} |")
+        plot(names, "is/d3_mismatch", IMG / "vllm_d3_mismatch.png", "D3 mismatch (same weights)")
+        plot(names, "kl/rollout_learner", IMG / "vllm_kl.png", "rollout-to-learner KL")
+        plot(names, "reward/mean", IMG / "vllm_reward.png", "reward")
+        lines += ["", "![D3 mismatch](img/vllm_d3_mismatch.png) ![KL](img/vllm_kl.png) "
+                  "![reward](img/vllm_reward.png)", ""]
     if "vcpo" in groups:
         names = [n for n in GROUPS["vcpo"] if (RUNS / n / "summary.json").is_file()]
         lines += ["### VCPO at lag 8", "", "| run | ESS frac median | steps with ESS > 0.6N | grad-norm variance | final reward |",

@@ -5,10 +5,13 @@ environment, except where PARITY_REQUIRE_VLLM=1 (as in CI)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -59,3 +62,52 @@ def test_vllm_without_the_mismatch_split_is_refused(tmp_path):
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
     assert "needs train.track_mismatch = true" in r.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(PROBLEM is not None, reason=PROBLEM or "")
+def test_a_killed_vllm_server_restarts_its_worker(tmp_path):
+    run = tmp_path / "run"
+    args = [a for a in VLLM if a != "train.steps=3"] + ["--set", "train.steps=4"]
+    proc = subprocess.Popen([PARITY, "train", "--out", str(run), *args], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 600
+        metrics = run / "metrics.jsonl"
+        while time.monotonic() < deadline and proc.poll() is None:
+            if metrics.is_file() and metrics.read_text().strip():
+                break
+            time.sleep(1)
+        servers = [p for p in _descendants(proc.pid) if "parity_vllm_server.py" in _cmdline(p)]
+        assert servers, "no vLLM server to kill"
+        for p in servers:
+            os.kill(p, signal.SIGKILL)
+        _, err = proc.communicate(timeout=900)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    assert "restarting rollout worker 0" in err
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["updates"] == 4 and summary["worker_restarts"] >= 1
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _descendants(root: int) -> list[int]:
+    """Every process below `root` (this run's Ray, its workers and their vLLM servers)."""
+    parent = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                parent[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    found, frontier = [], [root]
+    while frontier:
+        kids = [p for p, pp in parent.items() if pp in frontier]
+        found += kids
+        frontier = kids
+    return found

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -116,9 +117,16 @@ class RolloutWorker:
         await self._no_update_pending.wait()
         start_version = self.backend.version
         task_seed = self.cfg.task_seed + index
-        trajs = await asyncio.gather(*(
-            self._episode(index, task_seed, m) for m in range(self.cfg.group_size)
-        ))
+        try:
+            trajs = await asyncio.gather(*(
+                self._episode(index, task_seed, m) for m in range(self.cfg.group_size)
+            ))
+        except Exception:
+            if not getattr(self.backend, "alive", True):
+                # the backend's own process died (a vLLM server): this worker can do no
+                # more, so it dies too, and the orchestrator restarts it with a new one
+                os._exit(1)
+            raise
         return GroupResult(index, self.id, start_version, list(trajs), self.timeline.drain())
 
     async def _episode(self, index: int, task_seed: int, member: int) -> Trajectory:

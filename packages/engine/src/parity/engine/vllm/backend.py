@@ -130,6 +130,11 @@ class VllmBackend:
         finally:
             log.close()
 
+    @property
+    def alive(self) -> bool:
+        """Whether the server process is still running."""
+        return self.proc.poll() is None
+
     def log_tail(self, lines: int = 15) -> str:
         try:
             text = self.log_path.read_text(errors="replace").splitlines()
