@@ -68,13 +68,14 @@ def test_vllm_without_the_mismatch_split_is_refused(tmp_path):
 @pytest.mark.skipif(PROBLEM is not None, reason=PROBLEM or "")
 def test_a_killed_vllm_server_restarts_its_worker(tmp_path):
     run = tmp_path / "run"
-    args = [a for a in VLLM if a != "train.steps=3"] + ["--set", "train.steps=4"]
+    args = [*VLLM, "--set", "train.steps=4"]  # the later --set wins
     proc = subprocess.Popen([PARITY, "train", "--out", str(run), *args], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 600
         metrics = run / "metrics.jsonl"
-        while time.monotonic() < deadline and proc.poll() is None:
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, proc.stderr.read()[-3000:]
             if metrics.is_file() and metrics.read_text().strip():
                 break
             time.sleep(1)

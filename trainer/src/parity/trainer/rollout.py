@@ -16,10 +16,11 @@ until the worker's episodes have finished, and new groups wait for the update.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -117,16 +118,10 @@ class RolloutWorker:
         await self._no_update_pending.wait()
         start_version = self.backend.version
         task_seed = self.cfg.task_seed + index
-        try:
+        with self._dies_with_backend():
             trajs = await asyncio.gather(*(
                 self._episode(index, task_seed, m) for m in range(self.cfg.group_size)
             ))
-        except Exception:
-            if not getattr(self.backend, "alive", True):
-                # the backend's own process died (a vLLM server): this worker can do no
-                # more, so it dies too, and the orchestrator restarts it with a new one
-                os._exit(1)
-            raise
         return GroupResult(index, self.id, start_version, list(trajs), self.timeline.drain())
 
     async def _episode(self, index: int, task_seed: int, member: int) -> Trajectory:
@@ -167,6 +162,18 @@ class RolloutWorker:
                        turn=t)
         return traj
 
+    @contextlib.contextmanager
+    def _dies_with_backend(self) -> Iterator[None]:
+        """A backend whose own process died (a vLLM server) leaves this worker nothing to do:
+        it dies too, and the orchestrator restarts it with a new backend."""
+        try:
+            yield
+        except Exception:
+            if not getattr(self.backend, "alive", True):
+                self.backend.close()  # what is left of its processes
+                os._exit(1)
+            raise
+
     def _enter(self) -> None:
         if self._active == 0:
             self.clock.enter(ENV_WAIT)  # the engine's steps mark themselves within it
@@ -186,8 +193,8 @@ class RolloutWorker:
         if not self.cfg.in_flight_updates:
             self._no_update_pending.clear()
             await self._drained.wait()
-        with self.clock.during(LOADING), self.timeline.span("update weights", "sync",
-                                                           version=version):
+        with (self.clock.during(LOADING), self._dies_with_backend(),
+              self.timeline.span("update weights", "sync", version=version)):
             loading = self.backend.update_weights(state_dict, version)
             if inspect.isawaitable(loading):  # a backend in another process (vLLM)
                 await loading

@@ -12,6 +12,7 @@ the error) instead of hanging the run.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
@@ -57,16 +58,26 @@ class VllmSettings:
 
 
 def _stop(proc: subprocess.Popen[bytes], grace_s: float = 15.0) -> None:
-    if proc.poll() is not None:
-        return
-    try:
+    """Stop the server and every process of its group (vLLM's engine core and worker
+    outlive a server that was killed: they must not be left holding memory)."""
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(grace_s)
-    except subprocess.TimeoutExpired:
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            proc.poll()  # reaped, the server no longer counts as a member of its group
+            if not _group_alive(proc.pid):
+                break
+            time.sleep(0.2)
         os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    proc.wait()
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
     except ProcessLookupError:
-        pass
+        return False
+    return True
 
 
 class VllmBackend:
@@ -144,6 +155,7 @@ class VllmBackend:
 
     def _died(self) -> VllmError:
         self._keep_log = True  # the error names it
+        _stop(self.proc)  # what is left of its group
         return VllmError(f"the vLLM server exited with code {self.proc.returncode}; the end "
                          f"of its log {self.log_path}:\n{self.log_tail()}")
 

@@ -27,6 +27,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import struct
 import time
 import uuid
@@ -238,6 +239,18 @@ def make_app(server: Server, stop: Callable[[], None]):
     return app
 
 
+def guard_group() -> None:
+    """Fork a process whose only job is to outlive this server: when the server dies, even
+    by SIGKILL, it kills the server's process group, so vLLM's engine core and worker (which
+    do not notice their parent's death) are not left holding memory. Forked before vLLM and
+    torch are imported."""
+    server = os.getpid()
+    if os.fork() == 0:
+        while os.getppid() == server:
+            time.sleep(1.0)
+        os.killpg(0, signal.SIGKILL)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True)
@@ -251,6 +264,7 @@ def main() -> None:
     p.add_argument("--parent-pid", type=int, default=0,
                    help="stop when this process is gone (the rollout worker that started it)")
     args = p.parse_args()
+    guard_group()
 
     import uvicorn
 
