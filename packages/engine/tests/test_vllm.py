@@ -234,3 +234,13 @@ def _alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return state != "Z"
+
+
+@needs_vllm
+def test_bench_times_vllm_on_the_same_requests():
+    from parity.engine.bench import Case, run_case
+
+    r = run_case(Case("tiny 4 x 8 new", "tiny", batch=4, prompt_len=16, new_tokens=8, repeats=1),
+                 bandwidth=1e10, vllm=True)
+    assert r["vllm_tokens_per_s"] > 0
+    assert r["aligned_over_vllm"] == round(r["aligned_tokens_per_s"] / r["vllm_tokens_per_s"], 3)
