@@ -112,3 +112,21 @@ def _descendants(root: int) -> list[int]:
         found += kids
         frontier = kids
     return found
+
+
+@pytest.mark.skipif(PROBLEM is not None, reason=PROBLEM or "")
+def test_audit_on_vllm_measures_kernel_noise_only():
+    r = subprocess.run([PARITY, "audit", "--engine", "vllm", "--shape", "tiny", "--json"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads(r.stdout)
+    assert report["engine"] == "vllm" and report["passed"]
+    (entry,) = report["models"]
+    assert entry["conclusive"]
+    assert [s["name"] for s in entry["scenarios"]] == [
+        "learner full-sequence forward vs engine", "batch size 1 vs many",
+        "prefix-cache hit vs miss", "multi-turn continuation", "after a weight update"]
+    # other kernels, the same weights: differences of float noise, never of a wrong weight
+    # (a tied head left on the old weights showed 1.19 after an update)
+    assert all(s["max_abs_diff"] < 1e-4 for s in entry["scenarios"]), entry["scenarios"]
+    assert "preemption" in entry["not_run"]
