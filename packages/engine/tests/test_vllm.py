@@ -244,3 +244,13 @@ def test_bench_times_vllm_on_the_same_requests():
                  bandwidth=1e10, vllm=True)
     assert r["vllm_tokens_per_s"] > 0
     assert r["aligned_over_vllm"] == round(r["aligned_tokens_per_s"] / r["vllm_tokens_per_s"], 3)
+
+
+@needs_vllm
+def test_a_model_vllm_cannot_load_is_a_clear_error(tmp_path: Path):
+    save_model(random_model("tiny", "standard"), tmp_path / "m")
+    config = tmp_path / "m" / "config.json"
+    config.write_text(config.read_text().replace("Qwen2ForCausalLM", "NoSuchModelForCausalLM"))
+    with pytest.raises(VllmError, match="the vLLM server exited with code 1") as e:
+        VllmBackend(tmp_path / "m", SETTINGS)
+    assert "NoSuchModelForCausalLM" in str(e.value)  # the tail of vLLM's own log says why
