@@ -101,6 +101,15 @@ def plot(names: list[str], key: str, path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def mismatch_plots(names: list[str], prefix: str) -> list[str]:
+    """D3 mismatch, KL and reward of the runs, as docs/img/<prefix>_*.png; their markdown."""
+    plots = (("d3_mismatch", "is/d3_mismatch", "D3 mismatch (same weights)"),
+             ("kl", "kl/rollout_learner", "rollout-to-learner KL"), ("reward", "reward/mean", "reward"))
+    for file, key, title in plots:
+        plot(names, key, IMG / f"{prefix}_{file}.png", title)
+    return ["", " ".join(f"![{title}](img/{prefix}_{file}.png)" for file, _, title in plots), ""]
+
+
 def report(groups: list[str]) -> str:
     IMG.mkdir(parents=True, exist_ok=True)
     lines: list[str] = []
@@ -117,11 +126,7 @@ def report(groups: list[str]) -> str:
                 f"| {n} | {peak_over_median(rows):.2f}× | {s.get('is/d3_mismatch/max', 0):.3g} | "
                 f"{k0:.3g} → {k1:.3g} | {rise:.2f}× | {window(rows, 'reward/mean', True):.2f} → "
                 f"{window(rows, 'reward/mean', False):.2f} | {window(rows, 'gate/rejected_frac', False):.1%} |")
-        plot(names, "is/d3_mismatch", IMG / "kernels_d3_mismatch.png", "D3 mismatch (same weights)")
-        plot(names, "kl/rollout_learner", IMG / "kernels_kl.png", "rollout-to-learner KL")
-        plot(names, "reward/mean", IMG / "kernels_reward.png", "reward")
-        lines += ["", "![D3 mismatch](img/kernels_d3_mismatch.png) ![KL](img/kernels_kl.png) "
-                  "![reward](img/kernels_reward.png)", ""]
+        lines += mismatch_plots(names, "kernels")
     if "async" in groups:
         names = [n for n in GROUPS["async"] if (RUNS / n / "summary.json").is_file()]
         base = summary("sync")["wall_s"] if "sync" in names else None
@@ -149,11 +154,7 @@ def report(groups: list[str]) -> str:
                 f"{window(rows, 'kl/rollout_learner', True):.3g} → {window(rows, 'kl/rollout_learner', False):.3g} | "
                 f"{window(rows, 'reward/mean', True):.2f} → {window(rows, 'reward/mean', False):.2f} | "
                 f"{statistics.mean(gate):.1%} | {s['wall_s']:.0f} |")
-        plot(names, "is/d3_mismatch", IMG / "vllm_d3_mismatch.png", "D3 mismatch (same weights)")
-        plot(names, "kl/rollout_learner", IMG / "vllm_kl.png", "rollout-to-learner KL")
-        plot(names, "reward/mean", IMG / "vllm_reward.png", "reward")
-        lines += ["", "![D3 mismatch](img/vllm_d3_mismatch.png) ![KL](img/vllm_kl.png) "
-                  "![reward](img/vllm_reward.png)", ""]
+        lines += mismatch_plots(names, "vllm")
     if "vcpo" in groups:
         names = [n for n in GROUPS["vcpo"] if (RUNS / n / "summary.json").is_file()]
         lines += ["### VCPO at lag 8", "", "| run | ESS frac median | steps with ESS > 0.6N | grad-norm variance | final reward |",

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from parity.engine.vllm import VllmEnvError, check_vllm_env
+from parity.engine.vllm.environment import vllm_env_problem
 
 ROOT = Path(__file__).resolve().parents[1]
 PARITY = str(Path(sys.executable).parent / "parity")
@@ -25,15 +25,7 @@ VLLM = ["--set", "rollout.engine=vllm", "--set", "train.steps=3", "--set",
         "--set", "eval.heldout_episodes=0", "--set", "output.plots=false"]
 
 
-def _problem() -> str | None:
-    try:
-        check_vllm_env()
-    except VllmEnvError as e:
-        return str(e)
-    return None
-
-
-PROBLEM = _problem()
+PROBLEM = vllm_env_problem()
 if PROBLEM and os.environ.get("PARITY_REQUIRE_VLLM") == "1":
     raise RuntimeError(f"PARITY_REQUIRE_VLLM=1 but {PROBLEM}")
 

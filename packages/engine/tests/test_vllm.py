@@ -22,18 +22,10 @@ from parity.engine import EngineInputError, WeightUpdateError
 from parity.engine.audit import Case, learner_logprobs
 from parity.engine.shapes import random_model
 from parity.engine.vllm import VllmBackend, VllmEnvError, VllmError, VllmSettings, check_vllm_env
+from parity.engine.vllm.environment import vllm_env_problem
 from parity.model import save_model
 
-
-def _env_problem() -> str | None:
-    try:
-        check_vllm_env()
-    except VllmEnvError as e:
-        return str(e)
-    return None
-
-
-PROBLEM = _env_problem()
+PROBLEM = vllm_env_problem()
 if PROBLEM and os.environ.get("PARITY_REQUIRE_VLLM") == "1":
     raise RuntimeError(f"PARITY_REQUIRE_VLLM=1 but {PROBLEM}")
 needs_vllm = pytest.mark.skipif(PROBLEM is not None, reason=PROBLEM or "")

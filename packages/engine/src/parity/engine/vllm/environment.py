@@ -50,3 +50,12 @@ def check_vllm_env(python: str = "") -> dict[str, str]:
     if not found:
         raise VllmEnvError(f"{exe} has no vLLM installed; {BUILD_HINT}")
     return {"python": str(exe), **found}
+
+
+def vllm_env_problem(python: str = "") -> str | None:
+    """Why vLLM's environment cannot be used here (check_vllm_env's message), or None."""
+    try:
+        check_vllm_env(python)
+    except VllmEnvError as e:
+        return str(e)
+    return None
