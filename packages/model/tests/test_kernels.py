@@ -60,6 +60,44 @@ def test_aligned_linear_rows_invariant(k, n_out, n, data):
     assert torch.equal(alone, batched)
 
 
+# (q rows, k rows, in): stacked weights below and above gemm.ONEDNN_MIN_WEIGHT (MKL, oneDNN)
+STACKS = [(64, 16, 96), (1024, 256, 512)]
+
+
+@pytest.mark.parametrize(("nq", "nk", "k"), STACKS, ids=["mkl", "onednn"])
+def test_stacked_linears_follow_in_place_weight_changes(nq, nk, k):
+    """q/k/v-style stacked linears keep a prepared (stacked, reordered) weight; changing a weight
+    in place (an optimizer step, an engine weight update) must make it again: the result equals
+    that of fresh tensors holding the new values, bit for bit."""
+    g = torch.Generator().manual_seed(0)
+    wq, wk, bq, bk = (torch.randn(*s, generator=g) for s in ((nq, k), (nk, k), (nq,), (nk,)))
+    x = torch.randn(8, k, generator=g)
+    ALIGNED.linears(x, [(wq, bq), (wk, bk)])
+    with torch.no_grad():
+        wk.mul_(2)  # as an optimizer step does
+        wq.copy_(torch.randn(nq, k, generator=g))  # as Engine.update_weights does
+    got = ALIGNED.linears(x, [(wq, bq), (wk, bk)])
+    want = ALIGNED.linears(x, [(wq.clone(), bq), (wk.clone(), bk)])
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+@pytest.mark.parametrize(("nq", "nk", "k"), STACKS, ids=["mkl", "onednn"])
+def test_stacked_linear_gradients_match_standard_in_fp32(nq, nk, k):
+    """Both fp32 paths have the ordinary gradients of each linear."""
+    g = torch.Generator().manual_seed(1)
+    params = [torch.randn(*s, generator=g).requires_grad_() for s in ((nq, k), (nk, k), (nq,), (nk,))]
+    x = torch.randn(13, k, generator=g, requires_grad=True)
+    r = [torch.randn(13, n, generator=g) for n in (nq, nk)]
+    grads = {}
+    for kernels in (ALIGNED, STANDARD):
+        wq, wk, bq, bk = params
+        outs = kernels.linears(x, [(wq, bq), (wk, bk)])
+        loss = sum((o * ri).sum() for o, ri in zip(outs, r, strict=True))
+        grads[kernels.mode] = torch.autograd.grad(loss, (x, *params))
+    for a, b in zip(grads["aligned"], grads["standard"], strict=True):
+        torch.testing.assert_close(a, b)
+
+
 def test_parity_runs_mkl_in_strict_cnr():
     torch.mm(torch.ones(8, 8), torch.ones(8, 8))  # MKL settles its mode at its first call
     mode = cnr_mode()
@@ -212,6 +250,14 @@ def test_aligned_gradients_match_finite_differences():
     x = torch.randn(5, 6, dtype=torch.float64, generator=g, requires_grad=True)
     w = torch.randn(4, 6, dtype=torch.float64, generator=g, requires_grad=True)
     assert torch.autograd.gradcheck(lambda a, b: ALIGNED.linear(a, b, None), (x, w))
+    w2, b1, b2 = (torch.randn(*s, dtype=torch.float64, generator=g, requires_grad=True)
+                  for s in ((3, 6), (4,), (3,)))
+    # gradcheck perturbs its inputs through .data, which a prepared weight cannot see (its
+    # version counter stays put): fresh clones per call
+    assert torch.autograd.gradcheck(
+        lambda a, b, c, d, e: torch.cat(ALIGNED.linears(a, [(b.clone(), d), (c.clone(), e)]), -1),
+        (x, w, w2, b1, b2),
+    )
     q, k, v = (t.double().requires_grad_() for t in _qkv(5, 2, 1, 4, 1))
     layout = SeqLayout.from_lengths([5])
     assert torch.autograd.gradcheck(

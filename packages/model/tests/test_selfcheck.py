@@ -43,11 +43,11 @@ def test_aligned_kernels_pass_the_proof(cfg):
 
 
 def test_shapes_cover_every_gemm_and_the_qk_norm():
-    s = Shapes.of(QWEN3)  # q and gate/up share 96->256, o and down 256->96
-    assert s.linears == ((96, 64, False), (96, 130, False), (96, 256, False), (256, 96, False))
+    s = Shapes.of(QWEN3)  # q/k/v stacked 96->(8+2+2)*32, gate/up 96->2*256, o and down 256->96
+    assert s.linears == ((96, 130, False), (96, 384, False), (96, 512, False), (256, 96, False))
     assert s.attention == (8, 2, 32)
     assert s.norms == (96, 32)
-    assert Shapes.of(QWEN2).linears[0][2] is True  # qwen2's q/k/v biases are probed with bias
+    assert (64, 128, True) in Shapes.of(QWEN2).linears  # qwen2's stacked q/k/v, with its biases
 
 
 def test_the_proof_finds_that_standard_kernels_differ():

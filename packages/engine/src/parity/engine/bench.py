@@ -6,7 +6,9 @@ the long-context case, whose 8192-token prompts are prefilled once before the cl
 
 Each case builds one random-weight model, then runs the same requests under each kernel
 mode in turn (best of `repeats` interleaved runs, after a warm-up), so the ratio compares
-like with like on the same machine at the same moment.
+like with like on the same machine at the same moment. Each case also reports the
+memory-bandwidth bound batch x bandwidth / weight bytes (`parity.engine.bandwidth`), from a
+copy benchmark run in the same process, and the fraction of it each mode reached.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from parity.core.types import SamplingParams
+from parity.engine.bandwidth import copy_bandwidth, streamed_weight_bytes, tokens_per_s_limit
 from parity.engine.config import EngineConfig
 from parity.engine.engine import Engine
 from parity.engine.shapes import random_model
@@ -43,7 +46,7 @@ CASES = (
     Case("tiny batch 64 x 128 new", "tiny", batch=64, prompt_len=16, new_tokens=128),
     Case("tiny long context 8192 + 64 new", "tiny", batch=4, prompt_len=8192, new_tokens=64,
          repeats=2, warm_prefix=True),
-    Case("qwen2-0.5b batch 8 x 16 new", "qwen2-0.5b", batch=8, prompt_len=16, new_tokens=16,
+    Case("qwen2-0.5b batch 8 x 64 new", "qwen2-0.5b", batch=8, prompt_len=16, new_tokens=64,
          repeats=1, tie_word_embeddings=True),
 )
 
@@ -65,8 +68,10 @@ def _tokens_per_s(model: Decoder, case: Case, prompts: list[list[int]], params: 
     return sum(len(o.token_ids) for o in outs) / elapsed
 
 
-def run_case(case: Case) -> dict:
-    """tokens/s per kernel mode and ratio = aligned / standard for one case."""
+def run_case(case: Case, bandwidth: float, vllm: bool = False) -> dict:
+    """tokens/s per kernel mode, ratio = aligned / standard, and each mode's fraction of the
+    bound batch x `bandwidth` (bytes/s) / weight bytes, for one case; with `vllm`, vLLM's
+    tokens/s on the same weights and requests too (parity.engine.vllm.bench)."""
     overrides = {"tie_word_embeddings": True} if case.tie_word_embeddings else {}
     model = random_model(case.shape, **overrides)
     prompts, params = _requests(case, model.config.vocab_size)
@@ -80,6 +85,16 @@ def run_case(case: Case) -> dict:
             model.set_kernels(mode)
             best[mode] = max(best[mode], _tokens_per_s(model, case, prompts, params))
     model.set_kernels("aligned")
+    weight_bytes = streamed_weight_bytes(model)
+    limit = tokens_per_s_limit(case.batch, bandwidth, weight_bytes)
+    on_vllm = {}
+    if vllm:
+        from parity.engine.vllm.bench import vllm_tokens_per_s
+
+        tps = vllm_tokens_per_s(model, prompts, params, case.repeats, case.warm_prefix)
+        on_vllm = {"vllm_tokens_per_s": round(tps, 1),
+                   "aligned_over_vllm": round(best["aligned"] / tps, 3),
+                   "vllm_fraction_of_limit": round(tps / limit, 3)}
     return {
         "case": case.name,
         "shape": case.shape,
@@ -89,12 +104,28 @@ def run_case(case: Case) -> dict:
         "aligned_tokens_per_s": round(best["aligned"], 1),
         "standard_tokens_per_s": round(best["standard"], 1),
         "ratio": round(best["aligned"] / best["standard"], 3),
+        "weight_bytes": weight_bytes,
+        "bandwidth_limit_tokens_per_s": round(limit, 1),
+        "aligned_fraction_of_limit": round(best["aligned"] / limit, 3),
+        "standard_fraction_of_limit": round(best["standard"] / limit, 3),
+        **on_vllm,
     }
 
 
-def run_bench(names: list[str] | None = None) -> dict:
+def run_bench(names: list[str] | None = None, vllm: bool = False) -> dict:
+    """Every case (or those whose name contains one of `names`); with `vllm`, vLLM's side
+    too, when its environment is built ("vllm" says its version, or why it is missing)."""
+    from parity.engine.vllm import VllmEnvError, check_vllm_env
     from parity.model.selfcheck import machine
 
     cases = [c for c in CASES if not names or any(n in c.name for n in names)]
+    vllm_info = "not asked (--vllm)"
+    if vllm:
+        try:
+            vllm_info = check_vllm_env()["version"]
+        except VllmEnvError as e:
+            vllm_info, vllm = str(e), False
+    bandwidth = copy_bandwidth()
     return {"threads": torch.get_num_threads(), "machine": machine(),
-            "cases": [run_case(c) for c in cases]}
+            "copy_bandwidth_gb_s": round(bandwidth / 1e9, 2), "vllm": vllm_info,
+            "cases": [run_case(c, bandwidth, vllm) for c in cases]}

@@ -35,8 +35,9 @@ def render_audit(report: dict) -> None:
     from parity.engine.audit import UNCERTAIN
 
     m = report["machine"]
+    on = "" if report.get("engine", "parity") == "parity" else ", generation on vLLM"
     typer.echo(f"parity audit: {report['kernels']} kernels on {m['cpu']} ({m['torch_capability']}), "
-               f"{m['mkl_mode'] or m['blas']}")
+               f"{m['mkl_mode'] or m['blas']}{on}")
     for e in report["models"]:
         if "error" in e:
             typer.echo(f"\n{e['model']}: REFUSED  {e['error']}")
@@ -53,6 +54,9 @@ def render_audit(report: dict) -> None:
             mark = "equal " if r["bitwise_equal"] else "DIFFER"
             typer.echo(f"  {mark}  max|diff| {r['max_abs_diff']:<9.3g} tokens {r['tokens_compared']:4d} "
                        f"(uncertain {r['uncertain_tokens']:4d})  {r['name']}")
+        if e.get("not_run"):
+            typer.echo(f"  not run (they need the parity engine's step control): "
+                       f"{', '.join(e['not_run'])}")
         n, u = e["tokens_compared"], e["uncertain_tokens"]
         verdict = "bit-identical" if e["all_bitwise_equal"] else "differences found"
         typer.echo(f"  {verdict}; {n} tokens compared, {u} with logprob < {UNCERTAIN} ({u / max(n, 1):.0%})"
@@ -60,6 +64,8 @@ def render_audit(report: dict) -> None:
                       "(a saturated softmax hides differences)"))
     expect = ("every model bit-identical on a conclusive audit" if report["kernels"] == "aligned"
               else "differences found in every model, on a conclusive audit")
+    if report.get("engine") == "vllm":
+        expect = "a conclusive measurement of vLLM's differences from the learner"
     typer.echo(f"\n{'passed' if report['passed'] else 'FAILED'}: {expect}"
                + ("" if report["passed"] else " — not so"))
 
@@ -70,20 +76,31 @@ def bench_engine(
         list[str] | None, typer.Option("--case", help="Run only cases whose name contains this.")
     ] = None,
     threads: int = typer.Option(0, "--threads", help="torch threads (0: leave torch's default)."),
+    vllm: bool = typer.Option(False, "--vllm", help="Also time vLLM on the same weights and "
+                              "requests (its environment: scripts/build_vllm_env.sh)."),
 ) -> None:
-    """Generation tokens/s, aligned vs standard kernels, on the tiny and ~0.5B Qwen2 shapes."""
+    """Generation tokens/s, aligned vs standard kernels (and vLLM with --vllm), on the tiny
+    and ~0.5B Qwen2 shapes."""
     import torch
 
     from parity.engine.bench import run_bench
 
     if threads:
         torch.set_num_threads(threads)
-    report = run_bench(case or None)
+    report = run_bench(case or None, vllm=vllm)
     if json_:
         typer.echo(json.dumps(report, indent=2))
         return
     m = report["machine"]
-    typer.echo(f"threads: {report['threads']}; {m['cpu']}, {m['torch_capability']}, MKL {m['mkl_mode']}")
+    typer.echo(f"threads: {report['threads']}; {m['cpu']}, {m['torch_capability']}, MKL {m['mkl_mode']}; "
+               f"copy bandwidth {report['copy_bandwidth_gb_s']} GB/s")
     for r in report["cases"]:
         typer.echo(f"  {r['case']:36s} aligned {r['aligned_tokens_per_s']:9.1f} tok/s  "
-                   f"standard {r['standard_tokens_per_s']:9.1f} tok/s  ratio {r['ratio']:.3f}")
+                   f"standard {r['standard_tokens_per_s']:9.1f} tok/s  ratio {r['ratio']:.3f}  "
+                   f"bandwidth bound {r['bandwidth_limit_tokens_per_s']:9.1f} tok/s "
+                   f"(aligned {r['aligned_fraction_of_limit']:.0%})")
+        if "vllm_tokens_per_s" in r:
+            typer.echo(f"  {'':36s} vLLM {r['vllm_tokens_per_s']:12.1f} tok/s  aligned ÷ vLLM "
+                       f"{r['aligned_over_vllm']:.3f}  (vLLM {r['vllm_fraction_of_limit']:.0%} of the bound)")
+    if vllm and not any("vllm_tokens_per_s" in r for r in report["cases"]):
+        typer.echo(f"  vLLM not timed: {report['vllm']}")

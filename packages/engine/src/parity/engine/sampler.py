@@ -51,12 +51,14 @@ def sample(
 
     greedy [B] bool; top_k [B] long (0 = off); top_p [B] float64 (1 = off); u [B] uniforms.
     """
-    out = lp.argmax(-1)
     drawn = ~greedy
-    if not bool(drawn.any()):
-        return out
     restricted = drawn & ((top_k > 0) | (top_p < 1))
     plain = drawn & ~restricted
+    if bool(plain.all()):  # the usual step: every row a plain draw, drawn without row copies
+        return _draw(lp.exp(), u)
+    out = lp.argmax(-1)
+    if not bool(drawn.any()):
+        return out
     if bool(plain.any()):
         out[plain] = _draw(lp[plain].exp(), u[plain])
     if bool(restricted.any()):

@@ -142,18 +142,20 @@ class Decoder(nn.Module):
         self, attn: Attention, x: torch.Tensor, layer: int, layout: SeqLayout, kv: KVStore,
         cos: torch.Tensor, sin: torch.Tensor,
     ) -> torch.Tensor:
-        lin = self.kernels.linear
         n = x.shape[0]
-        q = lin(x, attn.q_proj.weight, attn.q_proj.bias).view(n, attn.heads, attn.head_dim)
-        k = lin(x, attn.k_proj.weight, attn.k_proj.bias).view(n, attn.kv_heads, attn.head_dim)
-        v = lin(x, attn.v_proj.weight, attn.v_proj.bias).view(n, attn.kv_heads, attn.head_dim)
+        q, k, v = self.kernels.linears(
+            x, [(p.weight, p.bias) for p in (attn.q_proj, attn.k_proj, attn.v_proj)]
+        )
+        q = q.view(n, attn.heads, attn.head_dim)
+        k = k.view(n, attn.kv_heads, attn.head_dim)
+        v = v.view(n, attn.kv_heads, attn.head_dim)
         if self.config.qk_norm:
             q = self._norm(attn.q_norm, q)
             k = self._norm(attn.k_norm, k)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         keys, values = kv.update(layer, k, v, layout)
         o = self.kernels.attention(q, keys, values, layout, attn.scale)
-        return lin(o.reshape(n, -1), attn.o_proj.weight, None)
+        return self.kernels.linear(o.reshape(n, -1), attn.o_proj.weight, None)
 
     def forward(self, tokens: torch.Tensor, layout: SeqLayout, kv: KVStore) -> torch.Tensor:
         """Final-norm hidden states [N, hidden] for the flat token rows `tokens` [N]."""
@@ -166,11 +168,8 @@ class Decoder(nn.Module):
             h = h + a
             x = self._norm(layer.post_attention_layernorm, h)
             mlp = layer.mlp
-            lin = self.kernels.linear
-            m = self.kernels.silu_mul(
-                lin(x, mlp.gate_proj.weight, None), lin(x, mlp.up_proj.weight, None)
-            )
-            h = h + lin(m, mlp.down_proj.weight, None)
+            gate, up = self.kernels.linears(x, [(mlp.gate_proj.weight, None), (mlp.up_proj.weight, None)])
+            h = h + self.kernels.linear(self.kernels.silu_mul(gate, up), mlp.down_proj.weight, None)
         return self._norm(self.model.norm, h)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -6,19 +6,38 @@ in MKL's strict CNR mode). A call runs on at most `columns // COLUMNS_PER_THREAD
 so no thread is handed a sliver of output columns narrower than a vector (MKL computes those on
 other paths, measured on AMD at 2-32 threads). That the BLAS keeps one reduction order per row
 within this class is proved per machine (`parity.model.selfcheck`); see docs/parity.md.
+
+Linears that read the same input (q/k/v; gate/up) are one GEMM over their weights stacked by
+output: one pass over the input and one call instead of three or two. fp32 linears with
+weights of 2 MB or more run on oneDNN with that stacked weight reordered once into the
+blocked layout oneDNN picks for
+ROW_TILE-row inputs, kept until a weight changes in place: MKL's fp32 GEMM re-packs the whole
+weight on every call, which left decode's few-row GEMMs compute-bound at about half the memory
+bandwidth (docs/benchmarks-engine.md). Every caller, the learner's forward included, gets the
+same prepared weight and so the same kernel; oneDNN picks its kernels by ISA flags, not by CPU
+vendor.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
+from torch.utils.weak import WeakIdKeyDictionary
 
 from parity.model.blas import set_local_threads
 
 ROW_TILE = 8  # rows of every aligned GEMM operand are a multiple of this
 COLUMNS_PER_THREAD = 64  # an aligned GEMM runs on at most out_columns // this BLAS threads
+ONEDNN = torch.backends.mkldnn.is_available()
+# Weights of at least this many elements (2 MB in fp32) run on oneDNN: they stream from memory
+# at decode, where MKL's per-call re-packing costs most; below it oneDNN's per-call overhead
+# (~30 us, and a 2-thread region for a tiny GEMM) costs more than it saves. The choice depends
+# on the weight's shape alone, so every caller of a weight gets the same kernel.
+ONEDNN_MIN_WEIGHT = 2**19
+
+Part = tuple[torch.Tensor, torch.Tensor | None]  # a linear's weight [out, k] and bias [out]
 
 
 def pad_rows(x: torch.Tensor, dim: int = 0) -> torch.Tensor:
@@ -44,8 +63,82 @@ def gemm(columns: int, fn: Callable[..., torch.Tensor], *args: torch.Tensor | No
         set_local_threads(before)
 
 
-def linear_aligned(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+def _on_onednn(ws: Sequence[torch.Tensor]) -> bool:
+    # oneDNN's reordered layouts are proved for fp32 only
+    return (ONEDNN and ws[0].dtype == torch.float32
+            and sum(w.numel() for w in ws) >= ONEDNN_MIN_WEIGHT)
+
+
+# first weight of a stack -> (identity, version and storage of each weight when prepared, the
+# prepared stacked weight)
+_PREPARED: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+def _prepared(ws: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The weights stacked by output and, on oneDNN, reordered for ROW_TILE-row inputs; made
+    again after any of them changes in place. Seen: changes that bump a tensor's version
+    counter (copy_ and other in-place ops, load_state_dict, torch.optim's default and foreach
+    steps) or swap its storage. Not seen: in-place writes through `.data` and
+    `torch.optim.AdamW(fused=True)`, which leave the counter alone."""
+    key = tuple((id(w), w._version, w.data_ptr()) for w in ws)
+    hit = _PREPARED.get(ws[0])
+    if hit is None or hit[0] != key:
+        with torch.no_grad():
+            w = torch.cat([w.detach() for w in ws]) if len(ws) > 1 else ws[0].detach()
+            if _on_onednn(ws):
+                w = torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), ROW_TILE)
+        hit = key, w
+        _PREPARED[ws[0]] = hit
+    return hit[1]
+
+
+def _stacked_bias(ws: Sequence[torch.Tensor], bs: Sequence[torch.Tensor | None]) -> torch.Tensor | None:
+    if all(b is None for b in bs):
+        return None
+    return torch.cat([w.new_zeros(w.shape[0]) if b is None else b.detach() for w, b in zip(ws, bs, strict=True)])
+
+
+def _forward(flat: torch.Tensor, ws: Sequence[torch.Tensor], bs: Sequence[torch.Tensor | None]) -> torch.Tensor:
+    """flat [M, k] (M a multiple of ROW_TILE) times the stacked weights, plus their biases."""
+    w, b = _prepared(ws), _stacked_bias(ws, bs)
+    if _on_onednn(ws):
+        return torch.ops.mkldnn._linear_pointwise(flat, w, b, "none", [], "")
+    return gemm(w.shape[0], F.linear, flat, w, b)
+
+
+class _Linears(torch.autograd.Function):
+    """The stacked forward; the ordinary gradients of each linear for backward."""
+
+    @staticmethod
+    def forward(ctx, flat: torch.Tensor, n: int, *params: torch.Tensor | None) -> torch.Tensor:  # type: ignore[override]
+        ws, bs = params[:n], params[n:]
+        ctx.save_for_backward(flat, *ws)
+        ctx.has_bias = [b is not None for b in bs]
+        return _forward(flat, ws, bs)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+        flat, *ws = ctx.saved_tensors
+        grads = grad.split([w.shape[0] for w in ws], dim=-1)
+        gx = sum(g @ w for g, w in zip(grads, ws, strict=True))
+        gws = [g.t() @ flat for g in grads]
+        gbs = [g.sum(0) if has else None for g, has in zip(grads, ctx.has_bias, strict=True)]
+        return gx, None, *gws, *gbs
+
+
+def linears_aligned(x: torch.Tensor, parts: Sequence[Part]) -> list[torch.Tensor]:
+    """x [..., k] times each (w, b) of `parts`, as one GEMM over the stacked weights; the
+    outputs are column slices of that GEMM's result."""
     # A multiple of ROW_TILE rows reaches the BLAS whatever the caller's count.
     flat = pad_rows(x.reshape(-1, x.shape[-1])).contiguous()
-    y = gemm(w.shape[0], F.linear, flat, w, b)
-    return y[: x.numel() // x.shape[-1]].reshape(*x.shape[:-1], w.shape[0])
+    ws, bs = [w for w, _ in parts], [b for _, b in parts]
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (flat, *ws, *bs)):
+        y = _Linears.apply(flat, len(ws), *ws, *bs)
+    else:
+        y = _forward(flat, ws, bs)
+    rows = x.numel() // x.shape[-1]
+    return [o.view(*x.shape[:-1], o.shape[-1]) for o in y[:rows].split([w.shape[0] for w in ws], -1)]
+
+
+def linear_aligned(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    return linears_aligned(x, [(w, b)])[0]

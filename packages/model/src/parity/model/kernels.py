@@ -2,7 +2,9 @@
 
 `aligned` (the default): every op gives each row the same bits whatever the number of rows
 in the call, the row's position among them, and the thread count. How, on CPU:
-  * GEMMs hand the BLAS one shape class per weight: the rows of every aligned GEMM operand
+  * GEMMs hand the BLAS one shape class per weight (q/k/v stacked into one, gate/up into
+    one; weights of 2 MB or more on oneDNN, reordered once, the rest on MKL): the rows of
+    every aligned GEMM operand
     (linear inputs, attention query matrices) are zero-padded to a multiple of ROW_TILE, so
     no caller ever reaches the special paths BLAS libraries keep for 1-3 row calls (GEMV,
     small-n kernels) — the paths that made rows differ by batch size on AMD even in MKL's
@@ -31,7 +33,7 @@ and log-normaliser its forward kept).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -39,7 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from parity.model.attention import attention_aligned, attention_standard
-from parity.model.gemm import linear_aligned
+from parity.model.gemm import Part, linear_aligned, linears_aligned
 from parity.model.rowwise import (
     rms_norm_aligned,
     rms_norm_standard,
@@ -56,6 +58,7 @@ class Kernels:
     """One implementation of each reducing op. Signatures:
 
     linear(x [..., k], w [out, k], b [out] | None) -> [..., out]
+    linears(x [..., k], [(w, b), ...]) -> [linear(x, w, b), ...] (aligned: one stacked GEMM)
     rms_norm(x [..., h], w [h], eps) -> [..., h]
     silu_mul(gate, up) -> silu(gate) * up
     attention(q [N, Hq, D], k [S, Hkv, L, D], v [S, Hkv, L, D], layout, scale) -> [N, Hq, D]
@@ -65,6 +68,7 @@ class Kernels:
 
     mode: KernelMode
     linear: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
+    linears: Callable[[torch.Tensor, Sequence[Part]], list[torch.Tensor]]
     rms_norm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
     silu_mul: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     attention: Callable[..., torch.Tensor]
@@ -75,8 +79,14 @@ class Kernels:
         return torch.log_softmax(logits.float(), dim=-1)
 
 
-ALIGNED = Kernels("aligned", linear_aligned, rms_norm_aligned, silu_mul_aligned, attention_aligned)
-STANDARD = Kernels("standard", F.linear, rms_norm_standard, silu_mul_standard, attention_standard)
+def _linears_standard(x: torch.Tensor, parts: Sequence[Part]) -> list[torch.Tensor]:
+    return [F.linear(x, w, b) for w, b in parts]
+
+
+ALIGNED = Kernels("aligned", linear_aligned, linears_aligned, rms_norm_aligned, silu_mul_aligned,
+                  attention_aligned)
+STANDARD = Kernels("standard", F.linear, _linears_standard, rms_norm_standard, silu_mul_standard,
+                   attention_standard)
 
 
 def get_kernels(mode: KernelMode | str) -> Kernels:

@@ -8,7 +8,8 @@ shapes, before aligned kernels serve (`Decoder` asks for it), and aligned mode i
 an `AlignmentError` naming the shape that failed.
 
 What is probed (`Shapes.of(config)`), each at 1 and 2 threads and the process's count:
-  linear      every distinct (in, out, bias) GEMM of the model (q/k/v/o, MLP, lm_head): a
+  linear      every distinct (in, out, bias) GEMM of the model (q/k/v stacked, o, gate/up
+              stacked, down, lm_head): a
               row computed among m rows, for every m in 1..64 and learner-sized counts, at
               shifting row offsets, equals the same row among the reference call's rows.
   attention   the model's (heads, KV heads, head dim) on a 135-token sequence: its causal
@@ -73,8 +74,9 @@ class Shapes:
     @classmethod
     def of(cls, cfg: ModelConfig) -> Shapes:
         h, d, hq, hkv = cfg.hidden_size, cfg.dim_per_head, cfg.num_attention_heads, cfg.kv_heads
-        lin = {(h, hq * d, cfg.qkv_bias), (h, hkv * d, cfg.qkv_bias), (hq * d, h, False),
-               (h, cfg.intermediate_size, False), (cfg.intermediate_size, h, False),
+        # the GEMMs aligned kernels run: q/k/v stacked into one, gate/up into one
+        lin = {(h, (hq + 2 * hkv) * d, cfg.qkv_bias), (hq * d, h, False),
+               (h, 2 * cfg.intermediate_size, False), (cfg.intermediate_size, h, False),
                (h, cfg.vocab_size, False)}
         norms = (h, d) if cfg.qk_norm else (h,)
         return cls(tuple(sorted(lin)), (hq, hkv, d), norms, cfg.intermediate_size, cfg.vocab_size)
@@ -342,7 +344,9 @@ def verify(cfg: ModelConfig | Shapes, kernels: Kernels = ALIGNED, cache: bool = 
     key_src = json.dumps({"v": PROBE_VERSION, "src": _kernel_source(), "kernels": kernels.mode,
                           "machine": mach, "shapes": asdict(shapes), "threads": threads,
                           "env": {k: os.environ.get(k) for k in ("MKL_CBWR", "ATEN_CPU_CAPABILITY",
-                                                                 "MKL_ENABLE_INSTRUCTIONS")}},
+                                                                 "MKL_ENABLE_INSTRUCTIONS",
+                                                                 "ONEDNN_MAX_CPU_ISA",
+                                                                 "DNNL_MAX_CPU_ISA")}},
                          sort_keys=True)
     key = hashlib.sha256(key_src.encode()).hexdigest()[:24]
     path = cache_dir() / f"{key}.json"
