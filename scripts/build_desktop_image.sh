@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # Build the desktop sandbox image without a registry: debootstrap a minimal Debian with Xvfb,
-# openbox, xterm, xdotool, x11-utils and python3-tk, then `docker import` it. The guest code is
-# not in the image (it is bind-mounted read-only at run time). Reuses the image when present
-# (pass --force to rebuild).
+# openbox, xterm, xdotool, x11-utils and python3-tk, then LibreOffice Calc and Writer, the
+# PCManFM file manager and AT-SPI (D-Bus, at-spi2-core, the GTK bridge, python3-pyatspi) for
+# their accessibility trees, all without recommended packages (no Java, no help), then
+# `docker import` it. The guest code is not in the image (it is bind-mounted read-only at run
+# time). Reuses the image when present (pass --force to rebuild).
 set -euo pipefail
 IMAGE="${PARITY_DESKTOP_IMAGE:-parity-desktop:latest}"
 MIRROR="$(bash "$(dirname "$0")/debian_mirror.sh")"
 PACKAGES=python3,python3-tk,xvfb,xdotool,x11-utils,openbox,xterm,fonts-dejavu-core
+# Installed with apt in the new root: debootstrap cannot order their maintainer scripts.
+APPS="libreoffice-calc libreoffice-writer pcmanfm dbus-daemon at-spi2-core libatk-adaptor libgail-common python3-pyatspi"
 if [[ "${1:-}" != "--force" ]] && docker image inspect "$IMAGE" >/dev/null 2>&1; then
   echo "desktop image $IMAGE already present"
   exit 0
@@ -16,6 +20,13 @@ trap 'rm -rf "$ROOT"' EXIT
 debootstrap --variant=minbase --include="$PACKAGES" bookworm "$ROOT" "$MIRROR" \
   >/tmp/parity-desktop-debootstrap.log 2>&1 \
   || { echo "debootstrap failed; see /tmp/parity-desktop-debootstrap.log" >&2; exit 1; }
+cp /etc/resolv.conf "$ROOT/etc/resolv.conf"
+# shellcheck disable=SC2086 # APPS is a list of package names
+chroot "$ROOT" env DEBIAN_FRONTEND=noninteractive sh -c \
+  "apt-get update -qq && apt-get install -y -qq --no-install-recommends $APPS" \
+  >>/tmp/parity-desktop-debootstrap.log 2>&1 \
+  || { echo "installing $APPS failed; see /tmp/parity-desktop-debootstrap.log" >&2; exit 1; }
+: >"$ROOT/etc/resolv.conf"
 # Package caches, docs and translations are not needed to run the desktop, nor Mesa's OpenGL
 # drivers and LLVM (about 160 MB): Xvfb runs without GLX acceleration when they are missing.
 rm -rf "$ROOT"/var/cache/apt/archives/*.deb "$ROOT"/var/lib/apt/lists/* \

@@ -1,4 +1,4 @@
-"""Helpers for the desktop tests: the skip marker for missing packages, process lookup in a sandbox."""
+"""Helpers for the desktop tests: skip markers for missing packages, process lookup in a sandbox."""
 
 from __future__ import annotations
 
@@ -12,6 +12,22 @@ MISSING = [p for p in NEEDED if shutil.which(p) is None]
 needs_desktop = pytest.mark.skipif(
     bool(MISSING), reason=f"desktop packages missing: {MISSING} (apt-get install bubblewrap xvfb xdotool "
                           "x11-utils openbox xterm python3-tk)")
+
+APP_BINARIES = {"libreoffice_calc": "soffice", "libreoffice_writer": "soffice", "pcmanfm": "pcmanfm",
+                "atspi": "/usr/libexec/at-spi2-registryd"}
+"""The real applications' tasks (by related app) and the program each needs (and AT-SPI's registry)."""
+
+
+def needs_apps(apps: list[str]) -> list[pytest.MarkDecorator]:
+    """A skip marker for a task whose real applications are not installed (never in CI, where
+    PARITY_REQUIRE_DOCKER=1 and .ci/run installs them)."""
+    missing = sorted({APP_BINARIES[a] for a in apps if a in APP_BINARIES and shutil.which(APP_BINARIES[a]) is None
+                      and not os.path.exists(APP_BINARIES[a])})
+    if not missing or os.environ.get("PARITY_REQUIRE_DOCKER") == "1":
+        return []
+    return [pytest.mark.skip(reason=f"{missing} missing (apt-get install --no-install-recommends "
+                                    "libreoffice-calc libreoffice-writer pcmanfm at-spi2-core "
+                                    "libatk-adaptor python3-pyatspi)")]
 
 
 def _children() -> dict[int, list[int]]:

@@ -42,6 +42,10 @@ def test_docker_desktop_runs_tasks_and_is_hardened(docker_client) -> None:
     env = DesktopEnv(backend="docker")
     try:
         assert play(env, "sheet-add-row", "oracle")[0] == 1.0
+        assert play(env, "calc-total-row", "oracle")[0] == 1.0  # LibreOffice is in the image
+        assert play(env, "writer-page-break", "wrong")[0] == 0.0
+        assert play(env, "pcmanfm-move", "oracle")[0] == 1.0  # and the file manager,
+        assert any(r["class"] == "atspi" and r["name"] == "File" for r in env.rows())  # with its AT-SPI tree
         assert play(env, "terminal-write-answer", "wrong")[0] == 0.0
         container = env.sandbox.guest.container  # type: ignore[union-attr]
         host = container.attrs["HostConfig"]

@@ -13,7 +13,7 @@ import zlib
 import gymnasium as gym
 import numpy as np
 import pytest
-from desktop_support import guest_pid, needs_desktop
+from desktop_support import guest_pid, needs_apps, needs_desktop
 from gymnasium.utils.env_checker import check_env
 
 import parity.envs.desktop  # noqa: F401 - registers parity/Desktop-v0
@@ -24,7 +24,7 @@ from parity.envs.desktop.solutions import play
 from parity.envs.desktop.tasks import load_tasks
 
 pytestmark = needs_desktop
-TASK_IDS = [t.id for t in load_tasks()]
+TASK_IDS = [pytest.param(t.id, marks=needs_apps(t.related_apps)) for t in load_tasks()]
 
 
 @pytest.mark.parametrize("task_id", TASK_IDS)
@@ -240,3 +240,89 @@ def test_broken_config_step_names_the_task_and_step(env: DesktopEnv) -> None:
         assert play(env, "terminal-write-answer", "oracle")[0] == 1.0
     finally:
         env.tasks.remove(broken)
+
+
+@pytest.mark.parametrize("task_id", [pytest.param("calc-total-row", marks=needs_apps(["libreoffice_calc"]))])
+def test_a_real_app_is_fully_drawn_in_the_first_observation(env: DesktopEnv, task_id: str) -> None:
+    obs, _ = env.reset(options={"task_id": task_id})
+    assert obs["accessibility_tree"].split("\n")[1].startswith("window\tcalc-total-row.xlsx - LibreOffice Calc\t")
+    time.sleep(1.5)
+    assert (env.client.screenshot() == obs["screenshot"]).all()  # type: ignore[union-attr]  # nothing left to draw
+
+
+def test_a_task_folder_with_an_app_that_fails_names_it_and_the_desktop_goes_on(tmp_path) -> None:
+    (tmp_path / "bad.json").write_text(json.dumps({
+        "id": "no-such-app", "instruction": "x", "config": [{"type": "launch", "parameters": {"command": ["no-such-app"]}}],
+        "evaluator": {"func": "infeasible"}}))
+    (tmp_path / "good.json").write_text(json.dumps({
+        "id": "answer", "instruction": "x", "config": [{"type": "execute", "parameters": {"command": "echo 42 > a", "shell": True}}],
+        "evaluator": {"func": "exact_match", "result": {"type": "vm_command_line", "command": ["cat", "a"]},
+                      "expected": {"type": "rule", "rules": {"expected": "42\n"}}}}))
+    env = DesktopEnv(backend="local", task_dir=tmp_path)
+    try:
+        with pytest.raises(RuntimeError, match=r"task no-such-app: config\[0\] \(launch\) failed: launch 'no-such-app': "
+                                               r"\[Errno 2\] No such file or directory"):
+            env.reset(options={"task_id": "no-such-app"})
+        pid = env.sandbox.guest.pid  # type: ignore[union-attr]
+        env.reset(options={"task_id": "answer"})
+        assert env.sandbox.guest.pid == pid  # the same desktop, reset in place  # type: ignore[union-attr]
+        assert env.step("DONE")[1] == 1.0
+    finally:
+        env.close()
+    assert not os.path.exists(f"/proc/{pid}")  # nothing left behind
+
+
+def _osworld_calc_task(folder, postconfig: list[dict]) -> None:
+    """An OSWorld-shaped Calc task in `folder`: its files are the shipped calc-fix-cell ones."""
+    shipped = load_tasks()[0].files_dir
+    (folder / "files").mkdir()
+    for name in ("calc-fix-cell.xlsx", "calc-fix-cell-gold.xlsx"):
+        (folder / "files" / name).write_bytes((shipped / name).read_bytes())
+    drive = "https://drive.usercontent.google.com/download?id={}&export=download"
+    (folder / "fix.json").write_text(json.dumps({
+        "id": "fix", "snapshot": "libreoffice_calc", "instruction": "Set B3 to 350.", "source": "test",
+        "config": [{"type": "download", "parameters": {"files": [
+                       {"url": drive.format("a"), "path": "/home/user/calc-fix-cell.xlsx"}]}},
+                   {"type": "open", "parameters": {"path": "/home/user/calc-fix-cell.xlsx"}}],
+        "evaluator": {"postconfig": postconfig, "func": "compare_table",
+                      "result": {"type": "vm_file", "path": "/home/user/calc-fix-cell.xlsx", "dest": "calc-fix-cell.xlsx"},
+                      "expected": {"type": "cloud_file", "path": drive.format("b"), "dest": "calc-fix-cell-gold.xlsx"},
+                      "options": {"rules": [{"type": "sheet_data", "sheet_idx0": 0, "sheet_idx1": "EI0"}]}}}))
+
+
+SAVE_SCRIPT = ("import pyautogui; import time; pyautogui.hotkey('ctrl', 's'); time.sleep(0.5); "
+               "pyautogui.press('enter');")
+
+
+@pytest.mark.parametrize(("script", "reward"), [
+    pytest.param(SAVE_SCRIPT, 1.0, marks=needs_apps(["libreoffice_calc"]), id="postconfig-saves"),
+    pytest.param("import pyautogui, os; os.system('rm calc-fix-cell.xlsx')", 0.0,
+                 marks=needs_apps(["libreoffice_calc"]), id="other-python-is-refused"),
+])
+def test_osworld_postconfig_pyautogui_script_runs_as_actions(tmp_path, script: str, reward: float) -> None:
+    _osworld_calc_task(tmp_path, [
+        {"type": "activate_window", "parameters": {"window_name": "calc-fix-cell.xlsx - LibreOffice Calc", "strict": True}},
+        {"type": "execute", "parameters": {"command": ["python", "-c", script]}}])
+    env = DesktopEnv(backend="local", task_dir=tmp_path)
+    try:
+        env.reset(options={"task_id": "fix"})
+        for action in ("pyautogui.hotkey('ctrl', 'home')", "pyautogui.press('down', presses=2)",
+                       "pyautogui.press('right')", "pyautogui.typewrite('350')", "pyautogui.press('enter')"):
+            assert "error" not in env.step(action)[4]
+        assert env.step("DONE")[1] == reward  # the agent never saved: the postconfig does, or nothing
+        assert env.client.file("~/calc-fix-cell.xlsx")["exists"] is True  # type: ignore[union-attr]
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("task_id", [pytest.param("pcmanfm-rename", marks=needs_apps(["pcmanfm", "atspi"]))])
+def test_real_app_tree_comes_through_atspi(env: DesktopEnv, task_id: str) -> None:
+    obs, _ = env.reset(options={"task_id": task_id})
+    rows = env.rows()
+    assert rows[0]["tag"] == "window" and rows[0]["name"] == "work" and rows[0]["description"] == "active"
+    atspi = [r for r in rows if r["class"] == "atspi"]
+    assert {("menu", "File"), ("menu", "Edit")} <= {(r["tag"], r["name"]) for r in atspi}
+    assert all(r["w"] > 0 and r["h"] > 0 and 0 <= r["x"] < 1024 and 0 <= r["y"] < 768 for r in atspi)
+    assert "\tdraft.txt\t" in obs["accessibility_tree"]  # the file in the folder view
+    env.step("pyautogui.hotkey('ctrl', 'a')")
+    assert [r["description"] for r in env.rows() if r["tag"] == "icon" and r["text"] == "draft.txt"] == ["selected"]

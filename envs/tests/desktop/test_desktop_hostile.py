@@ -130,6 +130,7 @@ import os, signal, sys
 from parity.envs.desktop.sandbox import DesktopSandbox
 sb = DesktopSandbox(sys.argv[1])
 print(sb.guest.pid, flush=True)
+sys.stdin.readline()  # the test has seen the sandbox's processes
 os.kill(os.getpid(), signal.SIGKILL)  # the owner dies without closing anything
 """
 
@@ -149,11 +150,13 @@ def _tree(root: int) -> list[int]:
 def test_nothing_outlives_a_killed_owner(backend: str) -> None:
     _require(backend)
     owner = subprocess.Popen(
-        [sys.executable, "-c", OWNER, backend], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", OWNER, backend], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
-    assert owner.stdout is not None
+    assert owner.stdout is not None and owner.stdin is not None
     root = int(owner.stdout.readline())
     pids = _tree(root)
+    owner.stdin.write("go\n")
+    owner.stdin.flush()
     assert len(pids) > 3  # the server, Xvfb, openbox...
     assert owner.wait(timeout=60) == -9
     deadline = time.monotonic() + 30

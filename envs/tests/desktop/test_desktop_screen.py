@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+import time
 import zlib
 from pathlib import Path
 
@@ -51,3 +52,14 @@ class ChangingFramebuffer(Framebuffer):
 def test_settle_gives_up_at_its_timeout(tmp_path: Path) -> None:
     settled, waited = ChangingFramebuffer(tmp_path / "fb").settle(timeout=0.2, interval=0.01)
     assert settled is False and waited >= 0.2
+
+
+def test_settle_waits_while_the_apps_are_busy(tmp_path: Path) -> None:
+    """A still screen is not settled while the apps use CPU (LibreOffice saving a file does not
+    repaint); under busy_share of a CPU counts as idle."""
+    write_xwd(tmp_path / "fb", 2, 1, bytes(8))
+    fb, clock = Framebuffer(str(tmp_path / "fb")), time.monotonic
+    busy = fb.settle(timeout=0.3, interval=0.01, cpu_s=clock)  # uses a whole CPU
+    assert busy[0] is False and busy[1] >= 0.3
+    light = fb.settle(timeout=5.0, interval=0.01, cpu_s=lambda: clock() * 0.05)  # 5% of a CPU
+    assert light[0] is True and light[1] < 5.0

@@ -2,27 +2,47 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import os
+from collections import Counter
 from pathlib import Path
+from xml.etree import ElementTree
 
+import docx
+import openpyxl
 import pytest
+from docx.enum.text import WD_PARAGRAPH_ALIGNMENT
+from odf.opendocument import OpenDocumentText
+from odf.text import P
 
 from parity.envs.desktop.a11y import approx_tokens, linearize
-from parity.envs.desktop.evaluators import (
-    compare_json,
+from parity.envs.desktop.env import DesktopEnv
+from parity.envs.desktop.guest.office import with_profile, write_profile
+from parity.envs.desktop.metrics import (
+    METRICS,
+    check_include_exclude,
+    check_json_settings,
+    compare_csv,
+    compare_docx_files,
     compare_table,
-    contains,
+    compare_text_file,
+    contains_page_break,
     exact_match,
-    list_contains,
+    is_first_line_centered,
+    is_in_list,
+    literal_match,
     normalized_match,
 )
-from parity.envs.desktop.tasks import SETUP_TYPES, TaskError, load_task, load_tasks
+from parity.envs.desktop.tasks import SETUP_TYPES, TaskError, guest_steps, load_task, load_tasks
 
 
 def test_shipped_tasks_cover_every_app_with_oracle_and_wrong_solutions() -> None:
     tasks = load_tasks()
-    assert len(tasks) >= 12
-    assert {app for t in tasks for app in t.related_apps} == {"textedit", "terminal", "files", "sheet", "settings"}
+    assert len(tasks) == 37
+    apps = Counter(app for t in tasks for app in t.related_apps)
+    assert apps == {"libreoffice_calc": 9, "libreoffice_writer": 8, "pcmanfm": 5, "terminal": 4,  # real apps
+                    "textedit": 4, "files": 3, "settings": 3, "sheet": 2}  # the repo's Tk apps
     for t in tasks:
         assert t.solutions["oracle"] and t.solutions["wrong"], t.id
         assert t.solutions["oracle"] != t.solutions["wrong"], t.id
@@ -38,13 +58,20 @@ def _write(tmp_path: Path, doc: object) -> Path:
 GOOD = {"id": "x", "instruction": "do it", "config": [{"type": "launch", "parameters": {"command": ["files"]}}],
         "evaluator": {"func": "exact_match", "result": {"type": "vm_file", "path": "~/a"},
                       "expected": {"type": "rule", "rules": {"expected": "a"}}}}
+URL = "https://example.invalid/data/budget.xlsx"
 
 
 @pytest.mark.parametrize(("change", "message"), [
     ({"id": 3}, "field 'id' must be a str"),
     ({"config": [{"type": "format_disk"}]}, "config[0].type must be one of"),
+    ({"config": [{"type": "download", "parameters": {"files": [{"url": URL, "path": "/home/user/b.xlsx"}]}}]},
+     "config[0] (download): file 'https://example.invalid/data/budget.xlsx' is not shipped with the task"),
     ({"evaluator": {**GOOD["evaluator"], "func": "vibes"}}, "evaluator.func 'vibes' is not a known metric"),
+    ({"evaluator": {**GOOD["evaluator"], "func": ["exact_match", "compare_pdfs"]}},
+     "evaluator.func 'compare_pdfs' is not a known metric"),
     ({"evaluator": {**GOOD["evaluator"], "result": {"type": "nope"}}}, "evaluator.result has unknown getter"),
+    ({"evaluator": {**GOOD["evaluator"], "expected": {"type": "cloud_file", "path": URL, "dest": "b.xlsx"}}},
+     "evaluator.expected (cloud_file): file 'https://example.invalid/data/budget.xlsx' is not shipped"),
     ({"evaluator": {**GOOD["evaluator"], "conj": "xor"}}, "evaluator.conj must be 'and' or 'or'"),
 ])
 def test_bad_task_files_name_the_field(tmp_path: Path, change: dict, message: str) -> None:
@@ -52,6 +79,31 @@ def test_bad_task_files_name_the_field(tmp_path: Path, change: dict, message: st
     with pytest.raises(TaskError) as err:
         load_task(path)
     assert str(path) in str(err.value) and message in str(err.value)
+
+
+def test_a_task_folder_in_osworld_format_is_read_as_it_is(tmp_path: Path) -> None:
+    (tmp_path / "files").mkdir()
+    (tmp_path / "files" / "b.xlsx").write_bytes(b"PK-bytes")  # named as the task names it
+    (tmp_path / "files" / "gold.xlsx").write_bytes(b"PK-gold")
+    drive = "https://drive.usercontent.google.com/download?id=1xyz&export=download"
+    doc = {**GOOD, "snapshot": "libreoffice_calc", "source": "osworld", "trajectory": "trajectories/",
+           "evaluator": {"func": "compare_table", "result": {"type": "vm_file", "path": "/home/user/b.xlsx", "dest": "b.xlsx"},
+                         "expected": {"type": "cloud_file", "path": drive, "dest": "gold.xlsx"},
+                         "options": {"rules": [{"type": "sheet_data", "sheet_idx0": 0, "sheet_idx1": "EI0"}]}},
+           "config": [{"type": "download", "parameters": {"files": [{"url": drive, "path": "/home/user/b.xlsx"}]}},
+                      {"type": "command", "parameters": {"command": ["ls"]}},
+                      {"type": "open", "parameters": {"path": "/home/user/b.xlsx"}}]}
+    _write(tmp_path, doc)
+    env = DesktopEnv(task_dir=tmp_path)  # starts nothing
+    (task,) = env.tasks
+    assert guest_steps(task) == [
+        {"type": "write_file", "parameters": {"path": "/home/user/b.xlsx",
+                                              "content_base64": base64.b64encode(b"PK-bytes").decode()}},
+        {"type": "command", "parameters": {"command": ["ls"]}},
+        {"type": "open", "parameters": {"path": "/home/user/b.xlsx"}}]
+    (tmp_path / "bad.json").write_text(json.dumps({**GOOD, "id": "y", "evaluator": {**GOOD["evaluator"], "func": "nope"}}))
+    with pytest.raises(TaskError, match=r"bad\.json: evaluator.func 'nope' is not a known metric"):
+        DesktopEnv(task_dir=tmp_path)
 
 
 def test_malformed_task_json_names_the_file(tmp_path: Path) -> None:
@@ -68,19 +120,97 @@ def test_duplicate_ids_are_refused(tmp_path: Path) -> None:
         load_tasks(tmp_path)
 
 
-def test_metrics() -> None:
-    assert exact_match("a", "a") == 1.0 and exact_match(None, "a") == 0.0 and exact_match(None, None) == 1.0
-    assert normalized_match("  42\n", "42") == 1.0 and normalized_match("Hello  World", "hello world") == 1.0
-    assert normalized_match(None, "42") == 0.0 and normalized_match("421", "42") == 0.0
-    assert contains("buy milk\ncall mom", "call mom") == 1.0 and contains(None, "x") == 0.0
-    assert list_contains(["a", "b"], {"include": ["a"], "exclude": ["c"]}) == 1.0
-    assert list_contains(["a", "c"], {"include": ["a"], "exclude": ["c"]}) == 0.0
-    assert list_contains(None, {"include": []}) == 0.0
-    assert compare_table("a,7.0\nb,3,\n\n", [["a", "7"], ["b", "3"]]) == 1.0
-    assert compare_table("a,7\n", [["a", "8"]]) == 0.0 and compare_table(None, [["a"]]) == 0.0
-    assert compare_json('{"a": true, "b": 1}', {"a": True}) == 1.0
-    assert compare_json('{"a": false}', {"a": True}) == 0.0 and compare_json("{", {"a": 1}) == 0.0
-    assert compare_json('{"b": 1}', {"a": None}) == 0.0
+def test_value_metrics_take_osworld_rules() -> None:
+    assert exact_match("a", {"expected": "a"}) == 1.0 and exact_match(None, {"expected": "a"}) == 0.0
+    assert is_in_list(["a", "b"], {"expected": "b"}) == 1.0 and is_in_list(None, {"expected": "b"}) == 0.0
+    assert check_include_exclude("buy milk\ncall mom", {"include": ["call mom"], "exclude": ["eggs"]}) == 1.0
+    assert check_include_exclude(["a", "c"], {"include": ["a"], "exclude": ["c"]}) == 0.0
+    assert check_include_exclude(None, {"include": []}) == 0.0
+    assert literal_match("Abc", "abc") == 0.0 and literal_match("Abc", "abc", ignore_case=True) == 1.0
+    assert literal_match([1, "x"], ["1", "x"], type="list") == 1.0 and literal_match([1], [1, 2], type="list") == 0.0
+    assert normalized_match("  Hello  World\n", {"expected": "hello world"}) == 1.0
+    assert normalized_match("421", {"expected": "42"}) == 0.0 and normalized_match(None, {"expected": "42"}) == 0.0
+    assert {"compare_table", "compare_docx_files", "compare_csv", "compare_text_file"} <= set(METRICS)
+
+
+def test_file_metrics(tmp_path: Path) -> None:
+    a, b, c = (tmp_path / n for n in ("a.txt", "b.txt", "c.json"))
+    a.write_text("Hello  World\n")
+    b.write_text("hello world")
+    assert compare_text_file(str(a), str(b)) == 0.0
+    assert compare_text_file(str(a), str(b), ignore_blanks=True, ignore_case=True) == 1.0
+    assert compare_text_file(str(a), None) == 0.0 and compare_text_file(str(a), str(tmp_path / "gone")) == 0.0
+    a.write_text("x,1\ny,2\n")
+    b.write_text("x,1\ny,2 \n")
+    assert compare_csv(str(a), str(b)) == 0.0 and compare_csv(str(a), str(b), strict=False) == 1.0
+    assert compare_csv(str(a), [str(tmp_path / "gone"), str(a)]) == 1.0 and compare_csv(None, str(a)) == 0.0
+    c.write_text('{"dark_mode": true, "font_size": 14}')
+    assert check_json_settings(str(c), {"expected": {"dark_mode": True}}) == 1.0
+    assert check_json_settings(str(c), {"expected": {"dark_mode": False}}) == 0.0
+    a.write_text("{")
+    assert check_json_settings(str(a), {"expected": {}}) == 0.0
+
+
+def _xlsx(path: Path, rows: list[list], title: str = "Sheet1") -> str:
+    wb = openpyxl.Workbook()
+    wb.active.title = title
+    for row in rows:
+        wb.active.append(row)
+    wb.save(path)
+    return str(path)
+
+
+def test_compare_table_reads_xlsx_with_osworld_rules(tmp_path: Path) -> None:
+    got = _xlsx(tmp_path / "r.xlsx", [["item", "cost"], ["rent", 900.00001], ["total", 1200]])
+    gold = _xlsx(tmp_path / "e.xlsx", [["item", "cost"], ["rent", 900], ["total", 1200]])
+    off = _xlsx(tmp_path / "o.xlsx", [["item", "cost"], ["rent", 900], ["total", 1201]], title="Other")
+    data = {"rules": [{"type": "sheet_data", "sheet_idx0": 0, "sheet_idx1": "EI0"}]}
+    assert compare_table(got, gold, **data) == 1.0 and compare_table(got, off, **data) == 0.0
+    assert compare_table(got, gold, rules=[{"type": "sheet_data", "sheet_idx0": "RNSheet1", "sheet_idx1": "ENSheet1",
+                                            "precision": 6}]) == 0.0  # 900.00001 differs at 6 digits
+    assert compare_table(got, gold, rules=[{"type": "sheet_name"}]) == 1.0
+    assert compare_table(got, off, rules=[{"type": "sheet_name"}]) == 0.0
+    cell = {"type": "check_cell", "sheet_idx": 0, "coordinate": "B3"}
+    assert compare_table(got, rules=[{**cell, "props": {"value": {"method": "eq", "ref": 1200}}}]) == 1.0
+    assert compare_table(got, rules=[{**cell, "props": {"value": {"method": "gt", "ref": 1200}}}]) == 0.0
+    assert compare_table(got, rules=[{**cell, "coordinate": "B2",
+                                      "props": {"value": {"method": "approx:0.01", "ref": 900}}}]) == 1.0
+    assert compare_table(None, gold, **data) == 0.0
+    (tmp_path / "bad.xlsx").write_text("not a zip")
+    assert compare_table(str(tmp_path / "bad.xlsx"), gold, **data) == 0.0
+
+
+def _docx(path: Path, paras: list[str]) -> docx.document.Document:
+    d = docx.Document()
+    for p in paras:
+        d.add_paragraph(p)
+    d.save(path)
+    return d
+
+
+def test_document_metrics_read_docx_and_odt(tmp_path: Path) -> None:
+    one, two = tmp_path / "1.docx", tmp_path / "2.docx"
+    _docx(one, ["Title", "Body  text."])
+    _docx(two, ["Title", "Body text.", ""])
+    assert compare_docx_files(str(one), str(two)) == 1.0  # ignore_blanks by default
+    assert compare_docx_files(str(one), str(two), ignore_blanks=False) == 0.0
+    assert compare_docx_files(str(one), str(two), ignore_blanks=False, delete_empty_lines=True) == 0.0  # "  "
+    odt = OpenDocumentText()
+    for text in ("Title", "Body text."):
+        odt.text.addElement(P(text=text))
+    odt.save(str(tmp_path / "3.odt"))
+    assert compare_docx_files(str(tmp_path / "3.odt"), str(two)) == 1.0
+    assert compare_docx_files(str(one), str(tmp_path / "3.odt"), content_only=True) == 1.0  # "  " collapses
+    _docx(two, ["Title", "Body test."])
+    assert 0.9 < compare_docx_files(str(one), str(two), content_only=True) < 1.0  # a similarity ratio
+    assert compare_docx_files(str(one), None) == 0.0
+    d = _docx(one, ["Annual Report", "Text."])
+    assert is_first_line_centered(str(one)) == 0.0 and contains_page_break(str(one)) == 0.0
+    d.paragraphs[0].alignment = WD_PARAGRAPH_ALIGNMENT.CENTER
+    d.paragraphs[1].paragraph_format.page_break_before = True
+    d.save(one)
+    assert is_first_line_centered(str(one)) == 1.0 and contains_page_break(str(one)) == 1.0
+    assert contains_page_break(str(one), {"page_break_count": 2}) == 0.0
 
 
 ROWS = [{"tag": "push-button", "name": f"B{i}", "text": "t\tx\ny", "class": "Button", "description": "",
@@ -101,3 +231,19 @@ def test_linearize_is_a_table_capped_by_tokens() -> None:
 def test_linearize_replaces_unprintable_characters() -> None:
     row = {**ROWS[0], "name": "caf\u00e9\x00"}
     assert "caf??" in linearize([row])
+
+
+def test_libreoffice_runs_with_its_own_profile(tmp_path: Path) -> None:
+    profile = str(tmp_path / "profile")
+    assert with_profile(["libreoffice", "--calc", "b.xlsx"], profile) == [
+        "soffice", "--calc", "b.xlsx", "--norestore", "--nologo", "--nolockcheck", f"-env:UserInstallation=file://{profile}"]
+    assert with_profile(["xterm", "-e", "sh"], profile) == ["xterm", "-e", "sh"]
+    (tmp_path / "profile").mkdir()
+    (tmp_path / "profile" / "stale").write_text("from the last episode")
+    write_profile(profile)
+    assert os.listdir(profile) == ["user"]
+    items = ElementTree.parse(tmp_path / "profile" / "user" / "registrymodifications.xcu").getroot()
+    settings = {(i.get("{http://openoffice.org/2001/registry}path"), i[0].get("{http://openoffice.org/2001/registry}name")):
+                i[0][0].text for i in items}
+    assert settings[("/org.openoffice.Office.Common/Save/Document", "WarnAlienFormat")] == "false"
+    assert settings[("/org.openoffice.Office.Calc/Input", "AutoInput")] == "false"

@@ -6,6 +6,8 @@ Two input forms, as in OSWorld:
 * a pyautogui subset: one or more `pyautogui.<fn>(literal args)` calls (and `time.sleep(s)`),
   read with `ast` and mapped one by one; any other syntax is refused.
 Plus the bare words WAIT, DONE and FAIL. Text may be wrapped in a ``` code fence.
+Given the set-of-marks of the last observation (`marks`), an action may name mark N instead of
+coordinates: `tag_N` as a pyautogui argument, or "mark": N in computer_13's parameters.
 """
 
 from __future__ import annotations
@@ -13,12 +15,15 @@ from __future__ import annotations
 import ast
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .guest.keys import keysym
+from .marks import centre
 
 _BUTTONS = {"left": 1, "middle": 2, "right": 3}
 _FENCE = re.compile(r"```[a-zA-Z0-9_]*\s*\n?(.*?)```", re.DOTALL)
+_TAG = re.compile(r"tag_(\d+)")
 
 
 class ActionParseError(ValueError):
@@ -27,17 +32,20 @@ class ActionParseError(ValueError):
 
 @dataclass(frozen=True)
 class Action:
-    """A parsed action: `kind` is "ops" (perform `ops` in order), "wait", "done" or "fail"."""
+    """A parsed action: `kind` is "ops" (perform `ops` in order), "wait", "done" or "fail";
+    `marks` are the numbers of the marks it named."""
 
     kind: str
     ops: list[dict] = field(default_factory=list)
     seconds: float = 0.0
+    marks: tuple[int, ...] = ()
 
 
-def parse(text: str | dict, width: int, height: int) -> Action:
-    """Parse one model action for a `width` x `height` screen; raises ActionParseError."""
+def parse(text: str | dict, width: int, height: int, marks: Sequence[dict] = ()) -> Action:
+    """Parse one model action for a `width` x `height` screen, mark N being `marks[N - 1]`;
+    raises ActionParseError."""
     if isinstance(text, dict):
-        return _computer13(text, width, height)
+        return _computer13(text, width, height, marks)
     if not isinstance(text, str):
         raise ActionParseError(f"action must be a string or an object, got {type(text).__name__}")
     fenced = _FENCE.search(text)
@@ -51,13 +59,23 @@ def parse(text: str | dict, width: int, height: int) -> Action:
             raise ActionParseError(f"malformed JSON action: {e}") from e
         if not isinstance(doc, dict):
             raise ActionParseError("a JSON action must be an object")
-        return _computer13(doc, width, height)
-    return _pyautogui(body, width, height)
+        return _computer13(doc, width, height, marks)
+    return _pyautogui(body, width, height, marks)
+
+
+def _mark(value: object, marks: Sequence[dict]) -> tuple[int, int]:
+    """The centre of mark `value` (numbered from 1)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ActionParseError(f"mark must be an integer, got {value!r}")
+    if not 1 <= value <= len(marks):
+        shown = f"1..{len(marks)}" if marks else "none"
+        raise ActionParseError(f"mark {value} does not exist (marks in the last observation: {shown})")
+    return centre(marks[value - 1])
 
 
 # --- computer_13 ---------------------------------------------------------------------------
 
-def _computer13(doc: dict, width: int, height: int) -> Action:
+def _computer13(doc: dict, width: int, height: int, marks: Sequence[dict]) -> Action:
     kind = doc.get("action_type")
     if not isinstance(kind, str):
         raise ActionParseError("JSON action needs a string field 'action_type'")
@@ -66,6 +84,10 @@ def _computer13(doc: dict, width: int, height: int) -> Action:
         raise ActionParseError("'parameters' must be an object")
     p = {**{k: v for k, v in doc.items() if k not in ("action_type", "parameters")}, **params}
     kind = kind.upper()
+    if "mark" in p:
+        p["x"], p["y"] = _mark(p["mark"], marks)
+        action = _computer13({"action_type": kind, **{k: v for k, v in p.items() if k != "mark"}}, width, height, ())
+        return Action(action.kind, action.ops, action.seconds, (p["mark"],))
     if kind in ("DONE", "FAIL"):
         return Action(kind.lower())
     if kind == "WAIT":
@@ -110,12 +132,21 @@ _SIGNATURES: dict[str, tuple[str, ...]] = {
 }
 
 
-def _pyautogui(code: str, width: int, height: int) -> Action:
+def _pyautogui(code: str, width: int, height: int, marks: Sequence[dict]) -> Action:
     try:
         tree = ast.parse(code, mode="exec")
     except SyntaxError as e:
         raise ActionParseError(f"not a valid action: {e.msg} (line {e.lineno})") from e
     ops: list[dict] = []
+    used: list[int] = []
+
+    def value(node: ast.expr) -> object:
+        """A literal, or a mark's centre for the name tag_N."""
+        if isinstance(node, ast.Name) and (m := _TAG.fullmatch(node.id)):
+            used.append(int(m.group(1)))
+            return _mark(used[-1], marks)
+        return ast.literal_eval(node)
+
     for stmt in tree.body:
         if isinstance(stmt, ast.Import) and all(a.name in ("pyautogui", "time") for a in stmt.names):
             continue
@@ -125,8 +156,10 @@ def _pyautogui(code: str, width: int, height: int) -> Action:
             raise ActionParseError(f"only pyautogui.<function>(...) calls are allowed, got: {ast.unparse(stmt)[:80]}")
         module, fn = call.func.value.id, call.func.attr
         try:
-            args = [ast.literal_eval(a) for a in call.args]
-            kwargs = {k.arg: ast.literal_eval(k.value) for k in call.keywords if k.arg is not None}
+            args = [value(a) for a in call.args]
+            kwargs = {k.arg: value(k.value) for k in call.keywords if k.arg is not None}
+        except ActionParseError:
+            raise  # a mark that does not exist
         except ValueError as e:
             raise ActionParseError(f"{module}.{fn}: arguments must be literals") from e
         if module == "time" and fn == "sleep":
@@ -138,7 +171,7 @@ def _pyautogui(code: str, width: int, height: int) -> Action:
         ops.extend(_pyautogui_call(fn, args, kwargs, width, height))
     if not ops:
         raise ActionParseError("empty action")
-    return Action("ops", ops)
+    return Action("ops", ops, marks=tuple(used))
 
 
 def _pyautogui_call(fn: str, args: list, kwargs: dict, width: int, height: int) -> list[dict]:

@@ -1,5 +1,6 @@
 """Where a desktop step's time goes: latency percentiles, the per-phase breakdown, reset time,
-settle-until-stable against OSWorld's fixed sleep, and how many desktops share 2 cores.
+per application (LibreOffice Calc and Writer, xterm, the Tk apps), settle-until-stable against
+OSWorld's fixed sleep, and how many desktops share 2 cores.
 
 Every episode plays a task's scripted oracle solution through the env's real step(), so a
 "step" here is exactly what an agent's step costs minus the model.
@@ -17,6 +18,9 @@ from .solutions import play
 from .tasks import load_tasks
 
 PHASES = ("parse_s", "action_s", "settle_s", "screenshot_s", "tree_s", "eval_s")
+RESET_PHASES = ("sandbox_s", "reset_s", "setup_s", "screenshot_s", "tree_s")
+TK_APPS = ("files", "textedit", "sheet", "settings")
+"""The repo's small Tk apps: the concurrency levels up to 32 desktops play their tasks."""
 OSWORLD_SLEEP_S = 2.0
 """OSWorld's pause after every action (its `sleep_after_execution` in the published runs)."""
 SEED_TRAINING_STEP_S = (884.17, 944.25)
@@ -46,28 +50,32 @@ def _rss_mb(root: int) -> float:
     return total * os.sysconf("SC_PAGE_SIZE") / 1e6
 
 
-def _episodes(env: DesktopEnv, task_ids: list[str],
-              errors: list[str]) -> tuple[list[dict], list[dict], list[float]]:
-    """Play each task's oracle; returns (step timings, reset timings, rewards).
+Episode = tuple[str, float, list[dict]]
+"""(task id, reward, env.last_timing after the reset and after each step)."""
 
-    An episode that raises (e.g. an app too slow to open under load) scores 0 and its message
-    is appended to `errors`.
+
+def _episodes(env: DesktopEnv, task_ids: list[str], errors: list[str]) -> list[Episode]:
+    """Play each task's oracle.
+
+    An episode that raises (e.g. an app too slow to open under load) scores 0, has no
+    timings, and its message is appended to `errors`.
     """
-    steps, resets, rewards = [], [], []
+    played: list[Episode] = []
     for task_id in task_ids:
         try:
             reward, timings = play(env, task_id, "oracle")
         except Exception as e:  # measured, not fatal: the report counts it
             errors.append(f"{task_id}: {e}")
-            rewards.append(0.0)
+            played.append((task_id, 0.0, []))
             continue
-        resets.append(timings[0])
-        steps.extend(timings[1:])
-        rewards.append(reward)
-    return steps, resets, rewards
+        played.append((task_id, reward, timings))
+    return played
 
 
-def _summary(steps: list[dict], resets: list[dict], rewards: list[float]) -> dict:
+def _summary(played: list[Episode]) -> dict:
+    steps = [t for _, _, timings in played for t in timings[1:]]
+    resets = [timings[0] for _, _, timings in played if timings]
+    rewards = [reward for _, reward, _ in played]
     step_s = [t["step_s"] for t in steps]
     reset_s = [t["reset_s"] + t["setup_s"] + t["sandbox_s"] for t in resets]
     total = sum(step_s) or 1.0
@@ -77,12 +85,20 @@ def _summary(steps: list[dict], resets: list[dict], rewards: list[float]) -> dic
         "breakdown_mean_s": {p: statistics.fmean(t.get(p, 0.0) for t in steps) for p in PHASES},
         "breakdown_share": {p: sum(t.get(p, 0.0) for t in steps) / total for p in PHASES},
         "reset_p50_s": _pct(reset_s, 0.5), "reset_p99_s": _pct(reset_s, 0.99),
+        "reset_breakdown_mean_s": {p: statistics.fmean(t[p] for t in resets) if resets else 0.0
+                                   for p in RESET_PHASES},
     }
+
+
+def _by_app(played: list[Episode], app_of: dict[str, str]) -> dict[str, dict]:
+    """The summary of each application's episodes (its tasks' first related app)."""
+    apps = sorted({app_of[task_id] for task_id, _, _ in played})
+    return {app: _summary([e for e in played if app_of[e[0]] == app]) for app in apps}
 
 
 def _concurrent(n: int, task_ids: list[str], backend: str) -> dict:
     envs = [DesktopEnv(backend=backend, obs_mode="screenshot_a11y_tree") for _ in range(n)]
-    out: list[tuple[list[dict], list[dict], list[float]]] = [([], [], [])] * n
+    out: list[list[Episode]] = [[] for _ in range(n)]
     rss: list[float] = [0.0] * n
     errors: list[str] = []
 
@@ -102,40 +118,50 @@ def _concurrent(n: int, task_ids: list[str], backend: str) -> dict:
         for e in envs:
             e.close()
     wall = time.monotonic() - start
-    steps = [s for o in out for s in o[0]]
-    summary = _summary(steps, [r for o in out for r in o[1]], [w for o in out for w in o[2]])
-    return {"desktops": n, "wall_s": wall, "steps_per_s": len(steps) / wall, "errors": errors[:5],
+    summary = _summary([e for o in out for e in o])
+    return {"desktops": n, "wall_s": wall, "steps_per_s": summary["steps"] / wall, "errors": errors[:5],
             "rss_mb_per_desktop": statistics.fmean(rss) if any(rss) else None,
             **{k: summary[k] for k in ("success_rate", "step_p50_s", "step_p99_s", "reset_p50_s")}}
 
 
 def run_benchmark(backend: str = "local", levels: tuple[int, ...] = (1, 2, 4, 8, 16, 32),
-                  p99_budget_s: float = 1.0) -> dict:
-    """Measure everything in one run; `p99_budget_s` decides how many desktops "fit" on this machine."""
-    tasks = [t.id for t in load_tasks()]
+                  p99_budget_s: float = 1.0, office_levels: tuple[int, ...] = (1, 2, 4)) -> dict:
+    """Measure everything in one run; `p99_budget_s` decides how many desktops "fit" on this machine.
+
+    Concurrency plays the first five tasks of the repo's light Tk apps (32 LibreOffice
+    instances do not fit in this machine's memory; the file manager's oracles WAIT a second);
+    `office_levels` desktops at once play the first three LibreOffice tasks.
+    """
+    all_tasks = load_tasks()
+    tasks = [t.id for t in all_tasks]
+    app_of = {t.id: t.related_apps[0] for t in all_tasks}
+    light = [t for t in tasks if app_of[t] in TK_APPS]
+    office = [t for t in tasks if app_of[t].startswith("libreoffice")]
     errors: list[str] = []
     env = DesktopEnv(backend=backend, obs_mode="screenshot_a11y_tree")
     try:
         start = time.monotonic()
         env.reset(options={"task_id": tasks[0]})
         cold_start_s = time.monotonic() - start
-        settle = _summary(*_episodes(env, tasks, errors))
+        played = _episodes(env, tasks, errors)
     finally:
         env.close()
+    settle = _summary(played)
     sample = tasks[::4]  # a few tasks under OSWorld's fixed sleep: same actions, fixed pauses
     fixed_env = DesktopEnv(backend=backend, obs_mode="screenshot_a11y_tree", fixed_sleep_s=OSWORLD_SLEEP_S)
     try:
-        fixed = _summary(*_episodes(fixed_env, sample, errors))
+        fixed = _summary(_episodes(fixed_env, sample, errors))
     finally:
         fixed_env.close()
-    concurrency = [_concurrent(n, tasks[:5], backend) for n in levels]
+    concurrency = [_concurrent(n, light[:5], backend) for n in levels]
+    office_concurrency = [_concurrent(n, office[:3], backend) for n in office_levels]
     fits = [c["desktops"] for c in concurrency if c["step_p99_s"] <= p99_budget_s and c["success_rate"] == 1.0]
     return {
         "backend": backend, "cpus": os.cpu_count(), "screen": "1024x768", "obs_mode": "screenshot_a11y_tree",
-        "cold_start_s": cold_start_s, "settle": settle,
+        "cold_start_s": cold_start_s, "settle": settle, "by_app": _by_app(played, app_of),
         "fixed_sleep": {"sleep_s": OSWORLD_SLEEP_S, "tasks": sample, **fixed,
                         "step_p50_ratio_vs_settle": fixed["step_p50_s"] / settle["step_p50_s"]},
-        "concurrency": concurrency, "p99_budget_s": p99_budget_s,
+        "concurrency": concurrency, "office_concurrency": office_concurrency, "p99_budget_s": p99_budget_s,
         "max_concurrent_desktops_within_budget": max(fits, default=0), "errors": errors[:5],
         "seed_osworld_training_step_s": list(SEED_TRAINING_STEP_S),
     }

@@ -20,7 +20,6 @@ from parity.envs.data import Task
 from parity.envs.rubric import Criterion, Rubric
 
 from .env import DesktopEnv
-from .evaluators import evaluate
 
 SYSTEM = (
     "You control a Linux desktop. Each turn, answer with exactly one action: a computer_13 JSON "
@@ -36,13 +35,13 @@ class DesktopTextEnv(TextEnv):
     required_fields = ("task_id",)
     field_types: ClassVar[dict[str, tuple[type, ...]]] = {"task_id": (str,)}
 
-    def __init__(self, *, backend: str = "auto", a11y_max_tokens: int = 2000,
+    def __init__(self, *, backend: str = "auto", a11y_max_tokens: int = 2000, task_dir: str | None = None,
                  limits: EpisodeLimits | dict | None = None, **kwargs: Any) -> None:
-        """`backend`, `a11y_max_tokens`: as for DesktopEnv. Other arguments go to TextEnv."""
+        """`backend`, `a11y_max_tokens`, `task_dir`: as for DesktopEnv. Other arguments go to TextEnv."""
         super().__init__(limits=limits or EpisodeLimits(max_turns=15, max_tokens=32768, timeout_s=600.0),
                          **kwargs)
         self.desktop = DesktopEnv(backend=backend, obs_mode="a11y_tree", max_steps=10**6,
-                                  a11y_max_tokens=a11y_max_tokens)
+                                  a11y_max_tokens=a11y_max_tokens, task_dir=task_dir)
         self.rubric = Rubric([Criterion(self._task_score, 1.0, "task_score")])
         self._reward: float | None = None
 
@@ -79,7 +78,7 @@ class DesktopTextEnv(TextEnv):
         desktop = self.desktop
         if desktop.client is None or desktop.task is None:
             return 0.0
-        return await asyncio.to_thread(evaluate, desktop.client, desktop.task.evaluator, None)
+        return await asyncio.to_thread(desktop.evaluate, None)
 
     def close(self) -> None:
         super().close()

@@ -27,9 +27,13 @@ def bench_desktop(
                f"cold start {r['cold_start_s']:.2f} s")
     typer.echo("  where a step goes: " + ", ".join(
         f"{p[:-2]} {s['breakdown_mean_s'][p] * 1e3:.0f} ms ({s['breakdown_share'][p]:.0%})" for p in PHASES))
+    for app, a in r["by_app"].items():
+        typer.echo(f"  {app}: {a['episodes']} episodes, step p50 {a['step_p50_s'] * 1e3:.0f} ms, p99 "
+                   f"{a['step_p99_s'] * 1e3:.0f} ms, reset p50 {a['reset_p50_s']:.2f} s; " + ", ".join(
+                       f"{p[:-2]} {a['breakdown_mean_s'][p] * 1e3:.0f} ms" for p in PHASES))
     typer.echo(f"  OSWorld-style fixed {f['sleep_s']:g} s sleep: step p50 {f['step_p50_s']:.2f} s = "
                f"{f['step_p50_ratio_vs_settle']:.1f}x the settle-until-stable step")
-    for c in r["concurrency"]:
+    for c in [*r["concurrency"], *({**c, "desktops": f"{c['desktops']} office"} for c in r["office_concurrency"])]:
         rss = f"{c['rss_mb_per_desktop']:.0f} MB" if c["rss_mb_per_desktop"] else "n/a"
         typer.echo(f"  {c['desktops']} desktops at once: step p50 {c['step_p50_s'] * 1e3:.0f} ms, "
                    f"p99 {c['step_p99_s'] * 1e3:.0f} ms, {c['steps_per_s']:.1f} steps/s, "

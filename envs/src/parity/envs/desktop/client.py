@@ -67,9 +67,10 @@ class DesktopClient:
         """Run one task `config` step ({"type": ..., "parameters": {...}})."""
         return self._request("POST", "/setup", step).json()
 
-    def file(self, path: str) -> dict:
-        """{"exists", "is_dir", "content" (text or None), "entries" (names or None)} of a guest path."""
-        return self._request("POST", "/file", {"path": path}).json()
+    def file(self, path: str, binary: bool = False) -> dict:
+        """{"exists", "is_dir", "content" (text or None; with `binary`, "content_base64"),
+        "entries" (names or None)} of a guest path."""
+        return self._request("POST", "/file", {"path": path, "binary": binary}).json()
 
     def reset(self) -> None:
         """Kill the apps and empty the home."""

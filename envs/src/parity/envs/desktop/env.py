@@ -4,9 +4,12 @@ Observations (a dict; which keys depends on `obs_mode`):
     instruction          the task's instruction
     feedback             "" or what went wrong with the last action ("error: ...")
     accessibility_tree   the linearised tree (modes "a11y_tree", "screenshot_a11y_tree")
-    screenshot           (height, width, 3) uint8 (modes "screenshot", "screenshot_a11y_tree")
+    screenshot           (height, width, 3) uint8 (modes "screenshot", "screenshot_a11y_tree",
+                         and "som", where it carries numbered boxes over the marks)
+    marks                the set-of-marks table (mode "som"; see `marks`)
 Actions: text (or a dict): computer_13 JSON, a pyautogui-call subset, or WAIT / DONE / FAIL;
-see `actions`. An invalid action costs a step and returns feedback, never an exception.
+see `actions`. In "som" mode an action may name a mark of the last observation (tag_N); a
+mark whose element is no longer on screen is refused with feedback. An invalid action costs a step and returns feedback, never an exception.
 Reward: the task's evaluator score in [0, 1], given once when the episode ends (DONE, FAIL,
 or `max_steps`). If the desktop dies (X server, sandbox), the episode terminates with reward 0
 and `info["failure"]`; the next reset starts a fresh sandbox.
@@ -18,22 +21,28 @@ tree_s. (Not in `info`: gymnasium's checker requires info to be deterministic.)
 from __future__ import annotations
 
 import json
+import tempfile
 import time
+from pathlib import Path
 from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from . import a11y
+from . import a11y, marks
 from .actions import ActionParseError, parse
 from .client import DesktopClient, DesktopDeadError, DesktopRequestError
 from .evaluators import evaluate
+from .getters import EvalContext
 from .sandbox import DesktopLimits, DesktopSandbox
-from .tasks import Task, load_tasks, resolve
+from .steps import run_step
+from .tasks import Task, guest_steps, load_tasks, resolve
 
-OBS_MODES = ("a11y_tree", "screenshot", "screenshot_a11y_tree")
+OBS_MODES = ("a11y_tree", "screenshot", "screenshot_a11y_tree", "som")
 MAX_TEXT = 65536
+EVAL_SETTLE_S = 20.0
+"""How long evaluation waits at most for the desktop to go idle (a loaded machine saves slowly)."""
 
 
 class DesktopEnv(gym.Env):
@@ -43,15 +52,20 @@ class DesktopEnv(gym.Env):
 
     def __init__(self, tasks: list[Task] | None = None, backend: str = "auto", obs_mode: str = "a11y_tree",
                  max_steps: int = 15, a11y_max_tokens: int = 2000,
-                 limits: DesktopLimits | None = None, fixed_sleep_s: float | None = None) -> None:
+                 limits: DesktopLimits | None = None, fixed_sleep_s: float | None = None,
+                 task_dir: str | Path | None = None) -> None:
         """`backend`: "docker", "local" (bubblewrap) or "auto" (docker where an engine answers and
         the image from scripts/build_desktop_image.sh exists, else local); chosen at the first
         reset. `fixed_sleep_s`: sleep this long after each action instead of waiting for the
-        screen to settle (OSWorld's fixed sleep; for comparisons only)."""
+        screen to settle (OSWorld's fixed sleep; for comparisons only). `task_dir`: a folder of
+        OSWorld-format task JSON files (shipped files in its `files/`) to use instead of the
+        built-in tasks; a task that cannot be used raises TaskError (a ValueError) here."""
         limits = limits or DesktopLimits()
         if obs_mode not in OBS_MODES:
             raise ValueError(f"obs_mode must be one of {OBS_MODES}, got {obs_mode!r}")
-        self.tasks = tasks if tasks is not None else load_tasks()
+        if tasks is not None and task_dir is not None:
+            raise ValueError("give tasks or task_dir, not both")
+        self.tasks = tasks if tasks is not None else load_tasks(task_dir) if task_dir is not None else load_tasks()
         if not self.tasks:
             raise ValueError("DesktopEnv needs at least one task")
         self.backend, self.obs_mode, self.max_steps = backend, obs_mode, max_steps
@@ -60,8 +74,10 @@ class DesktopEnv(gym.Env):
         obs: dict[str, spaces.Space] = {"instruction": text, "feedback": text}
         if "a11y" in obs_mode:
             obs["accessibility_tree"] = text
-        if "screenshot" in obs_mode:
+        if "screenshot" in obs_mode or obs_mode == "som":
             obs["screenshot"] = spaces.Box(0, 255, (limits.height, limits.width, 3), np.uint8)
+        if obs_mode == "som":
+            obs["marks"] = text
         self.observation_space = spaces.Dict(obs)
         self.action_space = spaces.Text(max_length=4096, charset=frozenset(a11y.PRINTABLE), min_length=0)
         self.sandbox: DesktopSandbox | None = None
@@ -70,6 +86,7 @@ class DesktopEnv(gym.Env):
         self.steps = 0
         self.done = True
         self.last_timing: dict[str, float] = {}
+        self.marks: list[dict] = []  # the last observation's set-of-marks (mode "som")
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -126,9 +143,9 @@ class DesktopEnv(gym.Env):
             self._fresh_desktop()
             timing["sandbox_s"] = time.monotonic() - start
         start = time.monotonic()
-        for i, step in enumerate(self.task.config):
+        for i, step in enumerate(guest_steps(self.task)):
             try:
-                self.client.setup(step)  # type: ignore[union-attr]
+                run_step(self.client, step, self.limits.width, self.limits.height)  # type: ignore[arg-type]
             except DesktopRequestError as e:
                 raise RuntimeError(f"task {self.task.id}: config[{i}] ({step.get('type')}) failed: {e}") from e
         timing["setup_s"] = time.monotonic() - start
@@ -143,7 +160,9 @@ class DesktopEnv(gym.Env):
         timing = {"parse_s": 0.0, "action_s": 0.0, "settle_s": 0.0, "eval_s": 0.0}
         feedback, last = "", None
         try:
-            act = parse(action, self.limits.width, self.limits.height)
+            act = parse(action, self.limits.width, self.limits.height, self.marks)
+            if act.marks:
+                self._check_marks(act.marks)
             timing["parse_s"] = time.monotonic() - t0
             if act.kind == "wait":
                 act = type(act)("ops", [{"op": "wait", "seconds": act.seconds}])
@@ -168,7 +187,7 @@ class DesktopEnv(gym.Env):
         try:
             if terminated or truncated:
                 start = time.monotonic()
-                reward = evaluate(self.client, self.task.evaluator, last)
+                reward = self.evaluate(last)
                 timing["eval_s"] = time.monotonic() - start
                 self.done = True
             obs = self._observe(feedback, timing)
@@ -176,6 +195,27 @@ class DesktopEnv(gym.Env):
             return self._fail(str(e), timing, t0)
         timing["step_s"] = time.monotonic() - t0
         return obs, reward, terminated, truncated, info
+
+    def _check_marks(self, used: tuple[int, ...]) -> None:
+        """Refuse an action on a mark whose element has gone or moved since the observation."""
+        assert self.client is not None
+        now = marks.marks_of(self.client.accessibility())
+        for n in used:
+            was = self.marks[n - 1]
+            if not any(marks.same_element(was, row) for row in now):
+                raise ActionParseError(f"mark {n} ({was['tag']} {was['name']!r}) is no longer on screen; "
+                                       "nothing was done")
+
+    def evaluate(self, last_action: str | None) -> float:
+        """The current task's evaluator score, once the desktop is idle (an app may still be
+        saving the file), with files copied out of the desktop into a temporary folder that is
+        removed afterwards. Raises DesktopDeadError if the desktop died."""
+        if self.client is None or self.task is None:
+            raise RuntimeError("call reset() first")
+        self.client.setup({"type": "settle", "parameters": {"timeout": EVAL_SETTLE_S}})
+        with tempfile.TemporaryDirectory(prefix="parity-eval-") as cache:
+            ctx = EvalContext(self.client, Path(cache), self.task.files_dir, self.limits.width, self.limits.height)
+            return evaluate(ctx, self.task.evaluator, last_action)
 
     def oracle_action(self) -> str:
         """The task's scripted oracle step for the current step (then DONE), its target
@@ -211,9 +251,15 @@ class DesktopEnv(gym.Env):
             rows = self.client.accessibility()
             timing["tree_s"] = self.client.last_s
             obs["accessibility_tree"] = a11y.linearize(rows, self.a11y_max_tokens)[:MAX_TEXT]
-        if "screenshot" in self.obs_mode:
+        if "screenshot" in self.obs_mode or self.obs_mode == "som":
             obs["screenshot"] = self.client.screenshot()
             timing["screenshot_s"] = self.client.last_s
+        if self.obs_mode == "som":
+            start = time.monotonic()
+            self.marks = marks.marks_of(self.client.accessibility())
+            obs["screenshot"] = marks.draw(obs["screenshot"], self.marks)
+            obs["marks"] = marks.table(self.marks)[:MAX_TEXT]
+            timing["marks_s"] = time.monotonic() - start
         return obs
 
     def _blank(self, feedback: str) -> dict:
@@ -221,8 +267,10 @@ class DesktopEnv(gym.Env):
         obs: dict[str, Any] = {"instruction": a11y.clean(self.task.instruction), "feedback": a11y.clean(feedback)}
         if "a11y" in self.obs_mode:
             obs["accessibility_tree"] = ""
-        if "screenshot" in self.obs_mode:
+        if "screenshot" in self.obs_mode or self.obs_mode == "som":
             obs["screenshot"] = np.zeros((self.limits.height, self.limits.width, 3), np.uint8)
+        if self.obs_mode == "som":
+            self.marks, obs["marks"] = [], ""
         return obs
 
     def rows(self) -> list[dict]:

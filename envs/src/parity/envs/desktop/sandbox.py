@@ -22,7 +22,8 @@ IMAGE = "parity-desktop:latest"
 HOME = "/home/user"
 _SOCKET = "control.sock"
 # /var/cache/fontconfig: without it every app start rescans the fonts
-_HOST_SYSTEM = ("/etc/fonts", "/etc/X11", "/etc/xdg", "/etc/localtime", "/var/cache/fontconfig")
+_HOST_SYSTEM = ("/etc/fonts", "/etc/X11", "/etc/xdg", "/etc/localtime", "/var/cache/fontconfig",
+                "/etc/libreoffice")
 
 
 class DesktopStartError(RuntimeError):

@@ -10,6 +10,7 @@ import hashlib
 import struct
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -53,18 +54,23 @@ class Framebuffer:
         rgb[0::3], rgb[1::3], rgb[2::3] = px[2::4], px[1::4], px[0::4]
         return Frame(width, height, bytes(rgb))
 
-    def settle(self, timeout: float, interval: float = 0.05, stable_polls: int = 2) -> tuple[bool, float]:
-        """Wait until the screen stops changing: `stable_polls` equal digests in a row.
+    def settle(self, timeout: float, interval: float = 0.05, stable_polls: int = 2,
+               cpu_s: Callable[[], float] = lambda: 0.0, busy_share: float = 0.1) -> tuple[bool, float]:
+        """Wait until the screen stops changing and the apps are idle: `stable_polls` polls in a
+        row with the same digest and less than `busy_share` of a CPU used by `cpu_s()` (the
+        apps' CPU seconds so far) since the poll before. An app busy loading or saving a file
+        does not repaint for a while, so a still screen alone would not mean it is done.
 
         Returns (settled, seconds waited); gives up after `timeout` seconds.
         """
         start = time.monotonic()
-        last, same = self.digest(), 0
+        last, used, same = self.digest(), cpu_s(), 0
         while True:
             time.sleep(interval)
-            now = self.digest()
-            same = same + 1 if now == last else 0
-            last = now
+            now, used_now = self.digest(), cpu_s()
+            idle = used_now - used < busy_share * interval
+            same = same + 1 if now == last and idle else 0
+            last, used = now, used_now
             waited = time.monotonic() - start
             if same >= stable_polls:
                 return True, waited

@@ -4,11 +4,14 @@
     GET  /screenshot        PNG (?format=raw: RGB bytes, size in X-Width / X-Height)
     GET  /accessibility     {"rows": [{tag, name, text, class, description, x, y, w, h}, ...]}
     GET  /windows           {"active": title or null, "titles": [top first]}
-    POST /action            {"op": ..., ...} → perform, wait until the screen settles
+    POST /action            {"op": ..., ...} → perform, wait until the screen settles and the
+                            apps stop using CPU
                             (or sleep `fixed_sleep_s` if given, as OSWorld does)
-    POST /setup             {"type": launch|open|execute|sleep|activate_window|close_window|write_file,
+    POST /setup             {"type": launch|open|execute|sleep|activate_window|close_window|settle|write_file
+                             (content, or content_base64 for bytes),
                              "parameters": {...}}
-    POST /file              {"path": "~/x"} → {"exists", "is_dir", "content", "entries"}
+    POST /file              {"path": "~/x", "binary": false} → {"exists", "is_dir", "content"
+                            (or "content_base64" if binary), "entries"}
     POST /reset             kill the apps, empty the home
 Every JSON answer carries `elapsed_s` (time spent serving it); the binary ones carry the
 header X-Elapsed-S. Errors are 400 (bad request) or 503 (dead desktop) with {"error": ...}.
@@ -19,6 +22,7 @@ Usage: python3 -m guest.server --socket PATH --run-dir DIR --home DIR [--width W
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import socket
@@ -33,6 +37,8 @@ from .session import Session, SessionError
 
 MAX_FILE_BYTES = 1 << 20
 SETTLE_TIMEOUT_S = 3.0
+SETUP_STILL_S = 0.5
+"""How long the screen must stay still after a setup step that starts an app."""
 
 
 class Desktop:
@@ -52,7 +58,7 @@ class Desktop:
         xinput.execute(op, self.session.width, self.session.height, self.session.env)
         acted = time.monotonic()
         if fixed is None:
-            settled, settle_s = self.session.fb.settle(SETTLE_TIMEOUT_S)
+            settled, settle_s = self.session.settle(SETTLE_TIMEOUT_S)
         else:
             time.sleep(fixed)
             settled, settle_s = False, time.monotonic() - acted
@@ -76,11 +82,23 @@ class Desktop:
             s.activate(str(params.get("window_name", "")), bool(params.get("strict", False)))
         elif kind == "close_window":
             s.close(str(params.get("window_name", "")))
+        elif kind == "settle":  # wait longer for a busy desktop to go idle (before evaluating)
+            timeout = params.get("timeout", SETTLE_TIMEOUT_S)
+            if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout <= 60:
+                raise SessionError(f"settle: timeout must be a number in (0, 60], got {timeout!r}")
+            result["settled"], result["settle_s"] = s.settle(timeout)
+            return result
         elif kind == "write_file":
-            s.write_file(str(params.get("path", "")), str(params.get("content", "")))
+            if "content_base64" in params:
+                data = base64.b64decode(str(params["content_base64"]), validate=True)
+            else:
+                data = str(params.get("content", "")).encode()
+            s.write_file(str(params.get("path", "")), data)
         else:
             raise SessionError(f"unknown setup step type {kind!r}")
-        result["settled"], result["settle_s"] = s.fb.settle(SETTLE_TIMEOUT_S)
+        # a starting app (LibreOffice above all) paints its window in bursts with idle gaps
+        still_s = SETUP_STILL_S if kind in ("launch", "open") else 0.1
+        result["settled"], result["settle_s"] = s.settle(SETTLE_TIMEOUT_S, still_s)
         return result
 
     def accessibility(self) -> dict:
@@ -94,6 +112,8 @@ class Desktop:
                          "description": "active" if is_active else "", "x": x, "y": y, "w": w, "h": h})
             if is_active and title in trees:
                 rows.extend(r for r in trees[title]["rows"] if r["class"] not in ("Tk", "Toplevel"))
+            elif is_active and s.atspi is not None:
+                rows.extend(s.atspi.rows(title) or [])
         for tree in trees.values():
             if tree.get("hung"):
                 rows.append({"tag": "application", "name": f"pid {tree['pid']}", "text": "", "class": "",
@@ -105,7 +125,8 @@ class Desktop:
         wins, active = s.windows(), s.active()
         return {"active": wins.get(active) if active else None, "titles": list(reversed(wins.values()))}
 
-    def file(self, path: str) -> dict:
+    def file(self, path: str, binary: bool = False) -> dict:
+        """A file's text (or, `binary`, its bytes in base64 as `content_base64`), or a folder's names."""
         full = self.session.path(path)
         if os.path.isdir(full):
             return {"exists": True, "is_dir": True, "content": None, "entries": sorted(os.listdir(full))}
@@ -115,6 +136,8 @@ class Desktop:
             data = f.read(MAX_FILE_BYTES + 1)
         if len(data) > MAX_FILE_BYTES:
             raise SessionError(f"file {path!r} is larger than {MAX_FILE_BYTES} bytes")
+        if binary:
+            return {"exists": True, "is_dir": False, "content_base64": base64.b64encode(data).decode(), "entries": None}
         return {"exists": True, "is_dir": False, "content": data.decode("utf-8", "replace"), "entries": None}
 
 
@@ -139,7 +162,7 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         d = self.desktop
         routes = {"/action": d.action, "/setup": d.setup, "/reset": lambda _b: (d.session.reset(), {"ok": True})[1],
-                  "/file": lambda b: d.file(str(b.get("path", "")))}
+                  "/file": lambda b: d.file(str(b.get("path", "")), bool(b.get("binary", False)))}
         try:
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
             if not isinstance(body, dict):
@@ -161,7 +184,7 @@ class Handler(BaseHTTPRequestHandler):
                 return
             try:
                 result, code = fn(), 200
-            except (xinput.ActionError, SessionError, ValueError, TypeError, OSError) as e:
+            except (xinput.ActionError, SessionError, ValueError, TypeError, OSError) as e:  # binascii.Error is a ValueError
                 result, code = {"error": str(e)}, 400
             except Exception as e:  # a bug must not take the desktop down with it
                 result, code = {"error": f"internal error: {type(e).__name__}: {e}"}, 500

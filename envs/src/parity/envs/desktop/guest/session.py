@@ -1,7 +1,8 @@
-"""One desktop: Xvfb + openbox + the apps and commands that tasks start, and their reset.
+"""One desktop: Xvfb + openbox (+ D-Bus and AT-SPI) + the apps and commands that tasks start,
+and their reset.
 
-Runs inside the sandbox. Resetting kills every descendant of the server except the X server
-and the window manager (the server is a child subreaper, so daemons that double-fork are
+Runs inside the sandbox. Resetting kills every descendant of the server except the X server,
+the window manager and the AT-SPI buses (the server is a child subreaper, so daemons that double-fork are
 still its descendants) and empties the home.
 """
 
@@ -19,6 +20,7 @@ import sys
 import time
 from ctypes import CDLL
 
+from . import atspi, office
 from .screen import Framebuffer
 
 APPS: dict[str, list[str]] = {
@@ -28,9 +30,11 @@ APPS: dict[str, list[str]] = {
     "settings": [sys.executable, "-m", "guest.apps.settings"],
     "terminal": ["xterm", "-fa", "DejaVu Sans Mono", "-fs", "11", "-bg", "white", "-fg", "black"],
 }
-"""Launchable app names → command lines (a task's `launch` may also give a full command)."""
+"""Launchable app names → command lines (a task's `launch` may also give a full command);
+LibreOffice's names (`office.APP_MODULES`: calc, writer, impress) are added per session."""
 
-_OPENERS = {".csv": "sheet"}
+_OPENERS = {".csv": "calc", ".xlsx": "calc", ".xls": "calc", ".ods": "calc", ".docx": "writer", ".doc": "writer",
+            ".odt": "writer", ".rtf": "writer", ".pptx": "impress", ".odp": "impress"}
 
 
 class SessionError(RuntimeError):
@@ -43,6 +47,8 @@ class Session:
     def __init__(self, run_dir: str, home: str, width: int, height: int) -> None:
         self.run_dir, self.home, self.width, self.height = run_dir, home, width, height
         self.a11y_dir = os.path.join(run_dir, "a11y")
+        self.office_profile = os.path.join(run_dir, "office-profile")
+        self.apps = {**APPS, **{app: office.command(app, self.office_profile) for app in office.APP_MODULES}}
         self.fb = Framebuffer(os.path.join(run_dir, "fb", "Xvfb_screen0"))
         self.env = {
             "PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "DISPLAY": ":0", "LANG": "C.UTF-8",
@@ -52,6 +58,10 @@ class Session:
         self.xvfb: subprocess.Popen | None = None
         self.wm: subprocess.Popen | None = None
         self.log = sys.stderr  # the sandbox's log: the host keeps it (server.log or the container log)
+        self.atspi = atspi.Accessibility(run_dir, self.env, self.log) if atspi.available() else None
+        if self.atspi is not None:
+            self.env.update(self.atspi.env())
+        self.support: list[subprocess.Popen] = []  # the buses and registry behind AT-SPI
         os.makedirs(run_dir, exist_ok=True)
 
     def start(self) -> None:
@@ -71,6 +81,12 @@ class Session:
         self.wm = subprocess.Popen(["openbox", "--config-file", self._openbox_config()],
                                    stdout=self.log, stderr=self.log, env=self.env)
         self._wait(lambda: "window id" in self._x(["xprop", "-root", "_NET_SUPPORTING_WM_CHECK"]), 30, "openbox")
+        if self.atspi is not None:
+            try:
+                self.support = self.atspi.start()
+            except (RuntimeError, OSError) as e:  # a desktop without AT-SPI trees still works
+                print(f"AT-SPI not started: {e}", file=self.log, flush=True)
+                self.atspi = None
         self.reset()
 
     def _openbox_config(self) -> str:
@@ -100,7 +116,7 @@ class Session:
 
     def reset(self) -> None:
         """Kill everything tasks started, empty the home, park the pointer; the screen is then blank."""
-        keep = {p.pid for p in (self.xvfb, self.wm) if p is not None}
+        keep = {p.pid for p in (self.xvfb, self.wm, *self.support) if p is not None}
         doomed = _descendants(os.getpid()) - keep - _descendants_of(keep)
         for pid in doomed:
             with contextlib.suppress(ProcessLookupError):
@@ -113,12 +129,13 @@ class Session:
             _remove(os.path.join(self.home, entry))
         for entry in os.listdir(self.a11y_dir):
             os.remove(os.path.join(self.a11y_dir, entry))
+        office.write_profile(self.office_profile)
         self._x(["xdotool", "mousemove", str(self.width - 1), str(self.height - 1)])
 
     # --- setup steps (OSWorld `config` entries) -------------------------------------------
 
     def launch(self, command: list[str], attempts: int = 3, window_timeout: float = 10.0) -> int:
-        """Start an app (a name from APPS, with arguments) or a command; wait for its window.
+        """Start an app (a name from `self.apps`, with arguments) or a command; wait for its window.
 
         An app whose window does not appear within `window_timeout` is killed and started
         again: under load (many desktops starting at once, docker CPU quotas) about one Tk
@@ -126,7 +143,8 @@ class Session:
         """
         if not command or not all(isinstance(c, str) for c in command):
             raise SessionError(f"launch: command must be a non-empty list of strings, got {command!r}")
-        argv = [*APPS[command[0]], *command[1:]] if command[0] in APPS else command
+        argv = [*self.apps[command[0]], *command[1:]] if command[0] in self.apps else office.with_profile(
+            command, self.office_profile)
         for _ in range(attempts):
             before = set(self.windows())
             try:
@@ -148,7 +166,8 @@ class Session:
         raise SessionError(f"launch {command[0]!r}: no window after {attempts} starts of {window_timeout:g} s")
 
     def open(self, path: str) -> int:
-        """Open a file or folder in its app: folders in files, .csv in sheet, the rest in textedit."""
+        """Open a file or folder in its app: folders in files, spreadsheets in calc, documents in
+        writer, presentations in impress, the rest in textedit."""
         full = self.path(path)
         app = "files" if os.path.isdir(full) else _OPENERS.get(os.path.splitext(full)[1], "textedit")
         return self.launch([app, full])
@@ -162,11 +181,11 @@ class Session:
             raise SessionError(f"execute {command!r}: {e}") from e
         return {"returncode": done.returncode, "stdout": done.stdout[-10000:], "stderr": done.stderr[-10000:]}
 
-    def write_file(self, path: str, content: str) -> None:
+    def write_file(self, path: str, content: bytes) -> None:
         """Create a file (and its folders) in the desktop's file system."""
         full = self.path(path)
         os.makedirs(os.path.dirname(full), exist_ok=True)
-        with open(full, "w", encoding="utf-8") as f:
+        with open(full, "wb") as f:
             f.write(content)
 
     def activate(self, window_name: str, strict: bool = False) -> None:
@@ -184,6 +203,23 @@ class Session:
                 self._x(["xdotool", "windowclose", wid])
                 return
         raise SessionError(f"close_window: no window titled {window_name!r}")
+
+    def settle(self, timeout: float, still_s: float = 0.1) -> tuple[bool, float]:
+        """Wait until the screen has been still and the apps idle for `still_s` (see
+        Framebuffer.settle)."""
+        return self.fb.settle(timeout, stable_polls=max(1, round(still_s / 0.05)), cpu_s=self.cpu_seconds)
+
+    def cpu_seconds(self) -> float:
+        """CPU time used so far by every process below the server (from /proc/PID/schedstat,
+        in nanoseconds: /proc/PID/stat's 10 ms ticks miss short bursts)."""
+        total = 0
+        for pid in _descendants(os.getpid()):
+            try:
+                with open(f"/proc/{pid}/schedstat") as f:
+                    total += int(f.read().split()[0])
+            except (OSError, IndexError, ValueError):
+                continue  # it exited meanwhile
+        return total / 1e9
 
     # --- queries (evaluation getters and the accessibility tree) ---------------------------
 

@@ -1,0 +1,122 @@
+"""The accessibility tree of real applications through AT-SPI (GTK apps such as PCManFM).
+
+Each desktop runs its own D-Bus session bus, the AT-SPI bus launcher and registry
+(`Accessibility.start`); apps started with `env()` export their widgets on it (GTK 2 through
+the gail and atk-bridge modules). `Accessibility.rows(title)` walks the showing widgets of the
+application window with that title into the same rows as the Tk apps' trees. Every AT-SPI call
+is bounded (`Atspi.set_timeout`), so a hung app costs at most that, never a stalled desktop.
+Needs Debian's dbus-daemon, at-spi2-core, libatk-adaptor and python3-pyatspi; without them
+the desktop runs without AT-SPI trees (`available()` is False).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+
+LAUNCHER = "/usr/libexec/at-spi-bus-launcher"
+REGISTRY = "/usr/libexec/at-spi2-registryd"
+MAX_NODES = 600
+CALL_TIMEOUT_MS = 500
+_STATES = ("focused", "selected", "checked")
+_CONTAINERS = frozenset({"frame", "filler", "panel", "scroll-pane", "viewport", "split-pane", "layered-pane"})
+"""Roles left out of the rows (their children are kept): the window row already says "frame"."""
+
+
+def available() -> bool:
+    """Whether this system can run AT-SPI (the daemons and the Python bindings are installed)."""
+    if shutil.which("dbus-daemon") is None or not os.path.exists(LAUNCHER) or not os.path.exists(REGISTRY):
+        return False
+    try:
+        import pyatspi  # noqa: F401 - Debian's python3-pyatspi
+    except ImportError:
+        return False
+    return True
+
+
+class Accessibility:
+    """One desktop's session bus, AT-SPI bus and registry, and reading trees from them."""
+
+    def __init__(self, run_dir: str, base_env: dict[str, str], log: object) -> None:
+        self.bus = os.path.join(run_dir, "session-bus")
+        self.runtime_dir = os.path.join(run_dir, "xdg")  # the AT-SPI bus socket goes here, not in the home
+        self.base_env, self.log = base_env, log
+        self.procs: list[subprocess.Popen] = []
+
+    def env(self) -> dict[str, str]:
+        """What apps need in their environment to export their widgets."""
+        return {"DBUS_SESSION_BUS_ADDRESS": f"unix:path={self.bus}", "XDG_RUNTIME_DIR": self.runtime_dir,
+                "GTK_MODULES": "gail:atk-bridge", "GNOME_ACCESSIBILITY": "1"}
+
+    def start(self) -> list[subprocess.Popen]:
+        """Start the session bus, the AT-SPI bus launcher and the registry; returns their
+        processes. Raises RuntimeError (having stopped what it started) if the bus does not come up."""
+        os.makedirs(self.runtime_dir, mode=0o700, exist_ok=True)
+        env = {**self.base_env, **self.env()}
+        out = {"stdout": self.log, "stderr": self.log, "env": env, "stdin": subprocess.DEVNULL}
+        self.procs.append(subprocess.Popen(["dbus-daemon", "--session", "--nofork", "--nopidfile",
+                                            f"--address=unix:path={self.bus}"], **out))
+        try:
+            _wait(lambda: os.path.exists(self.bus), 30, "the session bus")
+        except RuntimeError:
+            self.procs.pop().kill()
+            raise
+        self.procs.append(subprocess.Popen([LAUNCHER, "--launch-immediately"], **out))
+        self.procs.append(subprocess.Popen([REGISTRY, "--use-gnome-session=false"], **out))
+        os.environ.update(self.env())  # this process reads the trees over the same buses
+        import pyatspi
+
+        pyatspi.Atspi.set_timeout(CALL_TIMEOUT_MS, 5000)
+        return self.procs
+
+    def rows(self, title: str) -> list[dict] | None:
+        """The showing widgets of the app window titled `title` (None if no app exports one)."""
+        import pyatspi
+
+        try:
+            desktop = pyatspi.Registry.getDesktop(0)
+            for app in desktop:
+                for frame in app or ():
+                    if frame is not None and frame.name == title:
+                        rows: list[dict] = []
+                        _walk(frame, rows, pyatspi)
+                        return rows
+        except Exception:  # a dying or hung app: GLib errors of every kind, bounded by the timeout
+            return None
+        return None
+
+
+def _walk(node: object, rows: list[dict], pyatspi: object) -> None:
+    """Depth first over showing nodes, at most MAX_NODES rows."""
+    stack = [node]
+    while stack and len(rows) < MAX_NODES:
+        acc = stack.pop()
+        try:
+            states = acc.getState()
+            if not states.contains(pyatspi.STATE_SHOWING):
+                continue
+            box = acc.queryComponent().getExtents(pyatspi.DESKTOP_COORDS)
+            role = acc.getRoleName().replace(" ", "-")
+            try:
+                t = acc.queryText()
+                text = t.getText(0, min(t.characterCount, 200))
+            except NotImplementedError:  # no Text interface: one D-Bus call fewer than asking first
+                text = ""
+            flags = [s for s in _STATES if states.contains(getattr(pyatspi, f"STATE_{s.upper()}"))]
+            children = [] if states.contains(pyatspi.STATE_MANAGES_DESCENDANTS) else list(acc)
+        except Exception:
+            continue  # the node went away meanwhile
+        if box.width > 0 and box.height > 0 and role not in _CONTAINERS:
+            rows.append({"tag": role, "name": acc.name or "", "text": text, "class": "atspi",
+                         "description": ",".join(flags), "x": box.x, "y": box.y, "w": box.width, "h": box.height})
+        stack.extend(reversed([c for c in children if c is not None]))
+
+
+def _wait(ready, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.02)
