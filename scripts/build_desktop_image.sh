@@ -4,14 +4,17 @@
 # PCManFM file manager and AT-SPI (D-Bus, at-spi2-core, the GTK bridge, python3-pyatspi) for
 # their accessibility trees, all without recommended packages (no Java, no help), then
 # `docker import` it. The guest code is not in the image (it is bind-mounted read-only at run
-# time). Reuses the image when present (pass --force to rebuild).
+# time). Reuses the image when it was built by this very script (its hash is the image's
+# label parity.desktop.spec), else rebuilds it; --force rebuilds anyway.
 set -euo pipefail
 IMAGE="${PARITY_DESKTOP_IMAGE:-parity-desktop:latest}"
+SPEC="$(sha256sum "$0" | cut -c1-16)"
 MIRROR="$(bash "$(dirname "$0")/debian_mirror.sh")"
 PACKAGES=python3,python3-tk,xvfb,xdotool,x11-utils,openbox,xterm,fonts-dejavu-core
 # Installed with apt in the new root: debootstrap cannot order their maintainer scripts.
 APPS="libreoffice-calc libreoffice-writer pcmanfm dbus-daemon at-spi2-core libatk-adaptor libgail-common python3-pyatspi"
-if [[ "${1:-}" != "--force" ]] && docker image inspect "$IMAGE" >/dev/null 2>&1; then
+built="$(docker image inspect -f '{{ index .Config.Labels "parity.desktop.spec" }}' "$IMAGE" 2>/dev/null || true)"
+if [[ "${1:-}" != "--force" && "$built" == "$SPEC" ]]; then
   echo "desktop image $IMAGE already present"
   exit 0
 fi
@@ -37,5 +40,5 @@ echo "user:x:1000:" >>"$ROOT/etc/group"
 mkdir -p "$ROOT/home/user" "$ROOT/run/parity" "$ROOT/opt/parity/guest"
 tar -C "$ROOT" -c . | docker import \
   -c 'USER 1000:1000' -c 'WORKDIR /home/user' -c 'ENV PATH=/usr/local/bin:/usr/bin:/bin' \
-  -c 'ENV LANG=C.UTF-8' -c 'ENV HOME=/home/user' -c 'LABEL parity.desktop.image=1' - "$IMAGE" >/dev/null
+  -c 'ENV LANG=C.UTF-8' -c 'ENV HOME=/home/user' -c 'LABEL parity.desktop.image=1' -c "LABEL parity.desktop.spec=$SPEC" - "$IMAGE" >/dev/null
 echo "built desktop image $IMAGE ($(docker image inspect -f '{{.Size}}' "$IMAGE" | awk '{printf "%.0f MB", $1/1e6}'))"
