@@ -101,6 +101,11 @@ def plot(names: list[str], key: str, path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def finished(group: str) -> list[str]:
+    """The runs of `group` that have finished (their summary.json exists)."""
+    return [n for n in GROUPS[group] if (RUNS / n / "summary.json").is_file()]
+
+
 def mismatch_plots(names: list[str], prefix: str) -> list[str]:
     """D3 mismatch, KL and reward of the runs, as docs/img/<prefix>_*.png; their markdown."""
     plots = (("d3_mismatch", "is/d3_mismatch", "D3 mismatch (same weights)"),
@@ -114,7 +119,7 @@ def report(groups: list[str]) -> str:
     IMG.mkdir(parents=True, exist_ok=True)
     lines: list[str] = []
     if "kernels" in groups:
-        names = [n for n in GROUPS["kernels"] if (RUNS / n / "summary.json").is_file()]
+        names = finished("kernels")
         lines += ["### Aligned vs standard kernels", "",
                   "| run | D3 peak/median | D3 mismatch max | KL first→last (median) | KL rise | reward first→last | gate rejected (last window) |",
                   "|---|---|---|---|---|---|---|"]
@@ -128,7 +133,7 @@ def report(groups: list[str]) -> str:
                 f"{window(rows, 'reward/mean', False):.2f} | {window(rows, 'gate/rejected_frac', False):.1%} |")
         lines += mismatch_plots(names, "kernels")
     if "async" in groups:
-        names = [n for n in GROUPS["async"] if (RUNS / n / "summary.json").is_file()]
+        names = finished("async")
         base = summary("sync")["wall_s"] if "sync" in names else None
         lines += ["### Async vs sync", "", "| run | updates | wall s | speed-up vs sync | final reward (last window) | lag mean/max |",
                   "|---|---|---|---|---|---|"]
@@ -141,7 +146,7 @@ def report(groups: list[str]) -> str:
         plot(names, "reward/mean", IMG / "async_reward.png", "reward by update")
         lines += ["", "![reward](img/async_reward.png)", ""]
     if "vllm" in groups:
-        names = [n for n in GROUPS["vllm"] if (RUNS / n / "summary.json").is_file()]
+        names = finished("vllm")
         lines += ["### parity's aligned engine vs vLLM", "",
                   "| run | D3 peak/median | D3 mismatch median / max | KL first→last (median) | reward first→last | gate rejected (mean) | wall s |",
                   "|---|---|---|---|---|---|---|"]
@@ -156,7 +161,7 @@ def report(groups: list[str]) -> str:
                 f"{statistics.mean(gate):.1%} | {s['wall_s']:.0f} |")
         lines += mismatch_plots(names, "vllm")
     if "vcpo" in groups:
-        names = [n for n in GROUPS["vcpo"] if (RUNS / n / "summary.json").is_file()]
+        names = finished("vcpo")
         lines += ["### VCPO at lag 8", "", "| run | ESS frac median | steps with ESS > 0.6N | grad-norm variance | final reward |",
                   "|---|---|---|---|---|"]
         for n in names:

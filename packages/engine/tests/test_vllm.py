@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -34,17 +33,23 @@ T = 0.8
 SETTINGS = VllmSettings(max_model_len=512, max_num_seqs=32)
 
 
-@pytest.fixture(scope="module")
-def served():
-    """A random tiny model (tied embeddings, qkv biases) and a vLLM server on its weights."""
+def saved_tiny(directory: Path):
+    """A random tiny model (tied embeddings, qkv biases), saved to `directory`."""
     model = random_model("tiny", "standard")
-    with tempfile.TemporaryDirectory() as d:
-        save_model(model, d)
-        backend = VllmBackend(d, SETTINGS)
-        try:
-            yield model, backend
-        finally:
-            backend.close()
+    save_model(model, directory)
+    return model
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """The tiny model and a vLLM server on its weights."""
+    d = tmp_path_factory.mktemp("served")
+    model = saved_tiny(d)
+    backend = VllmBackend(d, SETTINGS)
+    try:
+        yield model, backend
+    finally:
+        backend.close()
 
 
 def _learner_gap(model, prompt: list[int], completion, temperature: float = T) -> float:
@@ -174,34 +179,29 @@ def test_bad_requests_get_the_engines_errors(served):
 
 
 @needs_vllm
-def test_a_server_that_dies_is_a_clear_error_not_a_hang():
-    model = random_model("tiny", "standard")
-    with tempfile.TemporaryDirectory() as d:
-        save_model(model, d)
-        backend = VllmBackend(d, SETTINGS)
-        try:
-            os.killpg(backend.proc.pid, signal.SIGKILL)
-            with pytest.raises(VllmError, match="the vLLM server exited with code -9"):
-                backend.generate([[1, 2, 3]], SamplingParams(max_new_tokens=4))
-        finally:
-            backend.close()
+def test_a_server_that_dies_is_a_clear_error_not_a_hang(tmp_path: Path):
+    saved_tiny(tmp_path)
+    backend = VllmBackend(tmp_path, SETTINGS)
+    try:
+        os.killpg(backend.proc.pid, signal.SIGKILL)
+        with pytest.raises(VllmError, match="the vLLM server exited with code -9"):
+            backend.generate([[1, 2, 3]], SamplingParams(max_new_tokens=4))
+    finally:
+        backend.close()
 
 
 @needs_vllm
-def test_a_start_that_takes_too_long_is_stopped():
-    model = random_model("tiny", "standard")
-    with tempfile.TemporaryDirectory() as d:
-        save_model(model, d)
-        t0 = time.monotonic()
-        with pytest.raises(VllmError, match=r"did not start within vllm.start_timeout_s = 2 s"):
-            VllmBackend(d, VllmSettings(start_timeout_s=2))
-        assert time.monotonic() - t0 < 30
+def test_a_start_that_takes_too_long_is_stopped(tmp_path: Path):
+    saved_tiny(tmp_path)
+    t0 = time.monotonic()
+    with pytest.raises(VllmError, match=r"did not start within vllm.start_timeout_s = 2 s"):
+        VllmBackend(tmp_path, VllmSettings(start_timeout_s=2))
+    assert time.monotonic() - t0 < 30
 
 
 @needs_vllm
 def test_the_server_stops_when_its_owner_is_killed(tmp_path: Path):
-    model = random_model("tiny", "standard")
-    save_model(model, tmp_path / "m")
+    saved_tiny(tmp_path / "m")
     owner = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import time
         from parity.engine.vllm import VllmBackend, VllmSettings
@@ -240,7 +240,7 @@ def test_bench_times_vllm_on_the_same_requests():
 
 @needs_vllm
 def test_a_model_vllm_cannot_load_is_a_clear_error(tmp_path: Path):
-    save_model(random_model("tiny", "standard"), tmp_path / "m")
+    saved_tiny(tmp_path / "m")
     config = tmp_path / "m" / "config.json"
     config.write_text(config.read_text().replace("Qwen2ForCausalLM", "NoSuchModelForCausalLM"))
     with pytest.raises(VllmError, match="the vLLM server exited with code 1") as e:

@@ -250,8 +250,13 @@ class VllmBackend:
             raise EngineInputError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
 
         async def run() -> list[Completion]:
-            return list(await asyncio.gather(*(self.agenerate(p, s)
-                                               for p, s in zip(prompts, params, strict=True))))
+            try:
+                return list(await asyncio.gather(*(self.agenerate(p, s)
+                                                   for p, s in zip(prompts, params, strict=True))))
+            finally:  # its connections belong to this loop, which ends here
+                if self._client is not None:
+                    await self._client.aclose()
+                    self._client = None
 
         return asyncio.run(run())
 
