@@ -2,6 +2,7 @@
 
     uv run python scripts/experiments.py                 # all experiments (long: see --only)
     uv run python scripts/experiments.py --only kernels  # one group
+    uv run python scripts/experiments.py --only bf16 --steps 200  # the bf16 drift experiment
     uv run python scripts/experiments.py --report-only   # rebuild the page from runs/experiments
 
 Each run is a plain `parity train` of the embedded default with overrides; runs go to
@@ -23,6 +24,7 @@ RUNS = ROOT / "runs" / "experiments"
 IMG = ROOT / "docs" / "img"
 
 COMMON = ["output.progress=false", "eval.heldout_episodes=0"]
+HELDOUT = ["eval.heldout_episodes=64"]  # later --set wins: these runs report held-out success
 GROUPS: dict[str, dict[str, list[str]]] = {
     "kernels": {
         "aligned": ["model.kernels=\"aligned\""],
@@ -39,6 +41,17 @@ GROUPS: dict[str, dict[str, list[str]]] = {
         "vllm": ["rollout.engine=\"vllm\""],
         "vllm+tis": ["rollout.engine=\"vllm\"", "loss.is_mode=\"tis\""],
         "vllm+gate": ["rollout.engine=\"vllm\"", "loss.gate_kl=0.001"],
+    },
+    "bf16": {  # the seeds' comparison in bf16, where standard kernels' mismatch is not ~1e-13
+        "bf16-aligned": ["model.dtype=\"bfloat16\"", *HELDOUT],
+        "bf16-standard": ["model.dtype=\"bfloat16\"", "model.kernels=\"standard\"", *HELDOUT],
+        "bf16-standard+tis": ["model.dtype=\"bfloat16\"", "model.kernels=\"standard\"",
+                              "loss.is_mode=\"tis\"", *HELDOUT],
+        "bf16-standard+gate": ["model.dtype=\"bfloat16\"", "model.kernels=\"standard\"",
+                               "loss.gate_kl=0.001", *HELDOUT],
+        "bf16-aligned-lag8": ["model.dtype=\"bfloat16\"", "train.max_lag=8", *HELDOUT],
+        "bf16-standard-lag8": ["model.dtype=\"bfloat16\"", "model.kernels=\"standard\"",
+                               "train.max_lag=8", *HELDOUT],
     },
     "vcpo": {
         "lag8-vcpo-off": ["train.max_lag=8"],
@@ -160,6 +173,28 @@ def report(groups: list[str]) -> str:
                 f"{window(rows, 'reward/mean', True):.2f} → {window(rows, 'reward/mean', False):.2f} | "
                 f"{statistics.mean(gate):.1%} | {s['wall_s']:.0f} |")
         lines += mismatch_plots(names, "vllm")
+    if "bf16" in groups:
+        names = finished("bf16")
+        lines += ["### bf16: aligned vs standard, TIS, the sequence gate, lag 8", "",
+                  "| run | updates | D3 peak/median | D3 mismatch median / max | D3 lag median | mismatch ÷ lag | "
+                  "KL first→last quarter (median) | KL rise | reward first→last quarter | held-out before→after | gate rejected (mean) |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for n in names:
+            rows, s = metrics(n), summary(n)
+            mm = [r["is/d3_mismatch"] for r in rows if "is/d3_mismatch" in r]
+            lag = statistics.median([r["is/d3_lag"] for r in rows if "is/d3_lag" in r])
+            k0, k1 = window(rows, "kl/rollout_learner", True), window(rows, "kl/rollout_learner", False)
+            gate = [r.get("gate/rejected_frac", 0.0) for r in rows]
+            ratio = statistics.median(mm) / lag if lag > 0 else float("nan")
+            lines.append(
+                f"| {n} | {s['updates']} | {peak_over_median(rows):.2f}× | {statistics.median(mm):.3g} / {max(mm):.3g} | "
+                f"{lag:.3g} | {ratio:.2g} | {k0:.3g} → {k1:.3g} | {k1 / k0 if k0 > 0 else float('nan'):.2f}× | "
+                f"{window(rows, 'reward/mean', True):.2f} → {window(rows, 'reward/mean', False):.2f} | "
+                f"{s.get('heldout_success_before', float('nan')):.1%} → {s.get('heldout_success_after', float('nan')):.1%} | "
+                f"{statistics.mean(gate):.1%} |")
+        lines += mismatch_plots(names, "bf16")
+        plot(names, "is/d3_lag", IMG / "bf16_d3_lag.png", "D3 lag (weights moved)")
+        lines += ["![D3 lag](img/bf16_d3_lag.png)", ""]
     if "vcpo" in groups:
         names = finished("vcpo")
         lines += ["### VCPO at lag 8", "", "| run | ESS frac median | steps with ESS > 0.6N | grad-norm variance | final reward |",

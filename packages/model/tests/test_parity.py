@@ -22,7 +22,11 @@ def model_dir(tmp_path_factory, hf_factory):
 
 @pytest.fixture(scope="module")
 def models(model_dir):
-    return {mode: load_model(model_dir, kernels=mode) for mode in ("aligned", "standard")}
+    out = {mode: load_model(model_dir, kernels=mode) for mode in ("aligned", "standard")}
+    for mode in ("aligned", "standard"):  # as the learner holds a bf16 model: fp32 masters
+        out[f"{mode}-bf16"] = load_model(model_dir, kernels=mode, dtype=torch.bfloat16,
+                                         master_weights=True)
+    return out
 
 
 def _checks(model, seq: torch.Tensor, others: torch.Tensor, where: int, chunks: list[int]) -> dict[str, bool]:
@@ -45,22 +49,24 @@ def _checks(model, seq: torch.Tensor, others: torch.Tensor, where: int, chunks: 
 CHUNKS = [1, 7, 9, 15, 17, KV_TILE - 1, KV_TILE, KV_TILE + 1]
 
 
+@pytest.mark.parametrize("mode", ["aligned", "aligned-bf16"])
 @settings(max_examples=6, deadline=None)
 @given(t=st.integers(2, 140), n_others=st.integers(1, 5), data=st.data())
-def test_aligned_model_is_bit_identical(models, t, n_others, data):
+def test_aligned_model_is_bit_identical(models, mode, t, n_others, data):
     where = data.draw(st.integers(0, n_others))
     g = torch.Generator().manual_seed(t * 7 + n_others)
     seq = torch.randint(0, 97, (t,), generator=g)
     others = torch.randint(0, 97, (n_others, t), generator=g)
-    checks = _checks(models["aligned"], seq, others, where, CHUNKS)
+    checks = _checks(models[mode], seq, others, where, CHUNKS)
     assert all(checks.values()), checks
 
 
-def test_standard_model_differs(models):
+@pytest.mark.parametrize("mode", ["standard", "standard-bf16"])
+def test_standard_model_differs(models, mode):
     g = torch.Generator().manual_seed(0)
     seq = torch.randint(0, 97, (130,), generator=g)
     others = torch.randint(0, 97, (4, 130), generator=g)
-    checks = _checks(models["standard"], seq, others, 2, CHUNKS)
+    checks = _checks(models[mode], seq, others, 2, CHUNKS)
     assert not all(checks.values()), checks
 
 

@@ -19,11 +19,21 @@ if TYPE_CHECKING:
     from parity.model import ModelConfig
 
 
-def parity_model_io() -> ModelIO:
+def parity_model_io(dtype: torch.dtype) -> ModelIO:
+    """parity.model's decoder computing in `dtype`, its weights held as fp32 masters."""
     from parity.model import load_model, save_model, token_logprobs
 
-    return ModelIO(load=lambda d, kernels: load_model(d, kernels=kernels),
+    return ModelIO(load=lambda d, kernels: load_model(d, kernels=kernels, dtype=dtype,
+                                                      master_weights=True),
                    save=lambda m, d: save_model(m, d), logprobs=token_logprobs)
+
+
+def run_dtype(cfg: TrainConfig) -> torch.dtype:
+    """`model.dtype` resolved against the run's model directory (DtypeError names the
+    setting when the checkpoint, the build or the CPU cannot honour it)."""
+    from parity.model.dtypes import resolve_dtype
+
+    return resolve_dtype(cfg.model.dtype, resolve_model_dir(cfg))
 
 
 def resolve_model_dir(cfg: TrainConfig) -> str:
@@ -44,16 +54,14 @@ def resolve_model_dir(cfg: TrainConfig) -> str:
 def check_model(cfg: TrainConfig, model_dir: str) -> None:
     """Before any actor starts: the model directory holds what load_model needs (checked from
     config.json and the file headers: ModelConfigError / WeightsError name the file and the
-    field or tensor), the `[engine]` KV pool holds one episode of it (ValueError naming the
-    field), and aligned kernels are proved on this machine for its shapes (AlignmentError
+    field or tensor), `model.dtype` fits it and runs here (DtypeError), the `[engine]` KV pool
+    holds one episode of it (ValueError naming the field), and aligned kernels are proved on this machine for its shapes (AlignmentError
     names what failed)."""
-    import torch
-
     from parity.model import require_alignment
     from parity.model.io import check_model_dir
 
     model_config = check_model_dir(model_dir)
-    engine_config(cfg, model_config, torch.float32)  # the dtype load_model gives
+    engine_config(cfg, model_config, run_dtype(cfg))
     if cfg.model.kernels == "aligned":
         require_alignment(model_config)
     if cfg.rollout.engine == "vllm":
@@ -114,24 +122,28 @@ def engine_backend(cfg: TrainConfig) -> Backend:
 
     if cfg.rollout.engine == "vllm":
         return vllm_backend(cfg)
-    model = load_model(resolve_model_dir(cfg), kernels=cfg.model.kernels)
-    return Engine(model, engine_config(cfg, model.config, next(model.parameters()).dtype))
+    dtype = run_dtype(cfg)
+    model = load_model(resolve_model_dir(cfg), kernels=cfg.model.kernels, dtype=dtype)
+    return Engine(model, engine_config(cfg, model.config, dtype))
 
 
 def vllm_backend(cfg: TrainConfig) -> Backend:
     import torch
 
     from parity.engine.vllm import VllmBackend, VllmSettings
+    from parity.model.dtypes import dtype_name
     from parity.model.io import check_model_dir
 
     model_dir = resolve_model_dir(cfg)
-    sized = engine_config(cfg, check_model_dir(model_dir), torch.float32)
+    dtype = run_dtype(cfg)
+    sized = engine_config(cfg, check_model_dir(model_dir), dtype)
     v = cfg.vllm
     settings = VllmSettings(python=v.python, start_timeout_s=v.start_timeout_s,
                             request_timeout_s=v.request_timeout_s, kv_cache_gib=v.kv_cache_gib,
                             max_model_len=sized.max_model_len, max_num_seqs=v.max_num_seqs,
                             enforce_eager=v.enforce_eager, num_threads=torch.get_num_threads(),
-                            seed=cfg.train.seed, batch_invariant=v.batch_invariant)
+                            seed=cfg.train.seed, batch_invariant=v.batch_invariant,
+                            dtype=dtype_name(dtype))
     return VllmBackend(model_dir, settings)
 
 

@@ -11,7 +11,7 @@ from parity.engine.cli import bench_engine
 from parity.envs.cli import app as envs_app
 from parity.envs.desktop.cli import bench_desktop
 from parity.model import blas
-from parity.model.cli import bench_learner
+from parity.model.cli import bench_learner, convert_model
 from parity.sandboxes.cli import app as sandbox_app
 from parity.sandboxes.cli import bench_sandbox
 from parity.trainer.commands import audit, bench_async, eval_checkpoint, profile, train
@@ -36,6 +36,9 @@ bench_app.command("sandbox")(bench_sandbox)
 bench_app.command("async")(bench_async)
 bench_app.command("desktop")(bench_desktop)
 app.add_typer(bench_app, name="bench")
+model_app = typer.Typer(help="Model directories.", no_args_is_help=True)
+model_app.command("convert")(convert_model)
+app.add_typer(model_app, name="model")
 app.add_typer(sandbox_app, name="sandbox", help="Run commands in a sandbox; check backends.")
 app.add_typer(envs_app, name="envs", help="List, check and play environments.")
 

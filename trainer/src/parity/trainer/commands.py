@@ -91,6 +91,8 @@ def audit(
         "llama-wide, test, qwen2-0.5b. Default, with no --model: tiny, qwen3-small and "
         "llama-wide.")] = None,
     kernels: Annotated[str, typer.Option("--kernels", help="aligned or standard")] = "aligned",
+    dtype: Annotated[str, typer.Option("--dtype", help="float32, bfloat16, or auto (a --model's "
+                                       "torch_dtype; float32 for --shape)")] = "auto",
     engine: Annotated[str, typer.Option("--engine", help="parity (its aligned engine) or vllm "
                                         "(vLLM's environment, scripts/build_vllm_env.sh): "
                                         "measure its differences from the learner")] = "parity",
@@ -119,7 +121,7 @@ def audit(
         typer.echo(f"parity audit: --engine must be 'parity' or 'vllm', not {engine!r}", err=True)
         raise typer.Exit(2)
     try:
-        targets = audit_targets(model or [], shape or [], kernels)
+        targets = audit_targets(model or [], shape or [], kernels, dtype)
         report = audit_models(targets, kernels, seed, vllm=_audit_vllm() if engine == "vllm" else None)
         if ray_address:
             report["cluster"] = _audit_cluster(ray_address, model or [], shape or [])

@@ -18,6 +18,9 @@ class ModelSection(StrictModel):
     path: str = Field("", description="HF-style model dir (config.json + safetensors); "
                                       "empty: the embedded tiny model")
     kernels: Literal["aligned", "standard"] = "aligned"
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto", description="what the model computes in (activations, KV cache, published "
+        "weights; the learner keeps fp32 masters): auto, the checkpoint's torch_dtype")
 
 
 class EnvSection(StrictModel):

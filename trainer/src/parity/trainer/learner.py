@@ -122,8 +122,10 @@ class Learner:
         self.skipped_nonfinite = 0
 
     def weights(self) -> dict[str, Tensor]:
-        """A CPU copy of the current weights (HF parameter names)."""
-        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+        """A CPU copy of the current weights (HF parameter names), in the dtype the model
+        computes in: a bf16 model's fp32 masters are published rounded, as its forward uses them."""
+        dtype = getattr(self.model, "compute_dtype", None)
+        return {k: v.detach().to("cpu", dtype=dtype, copy=True) for k, v in self.model.state_dict().items()}
 
     def _logprobs(self, model: nn.Module, b: Batch, idx: list[int]) -> Tensor:
         temp = self.cfg.temperature

@@ -87,7 +87,7 @@ def run_training(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
     with _Progress(cfg) if progress else contextlib.nullcontext() as bar:
         while True:
             orch = Orchestrator(
-                cfg, run, io or backends.parity_model_io(),
+                cfg, run, io or backends.parity_model_io(backends.run_dtype(cfg)),
                 backend_factory or backends.engine_backend,
                 episode_factory or backends.env_episodes,
                 model_dir=model_dir, resume=ckpt, on_step=heartbeat,

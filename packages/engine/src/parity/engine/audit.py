@@ -20,6 +20,7 @@ uncertainty (logprob < UNCERTAIN), and a report with too few of them is inconclu
 from __future__ import annotations
 
 import asyncio
+import copy
 import random
 import tempfile
 from collections.abc import Callable
@@ -33,6 +34,7 @@ from parity.engine.config import EngineConfig
 from parity.engine.engine import Engine
 from parity.model import KV_TILE, AlignmentError, Decoder, token_logprobs
 from parity.model.batch import collate
+from parity.model.dtypes import dtype_name
 from parity.model.selfcheck import machine, verify
 
 if TYPE_CHECKING:
@@ -114,6 +116,9 @@ class Auditor:
     def __init__(self, model: Decoder, seed: int = 0, new_tokens: int = 12,
                  backend: Any = None) -> None:
         self.model = model
+        # the learner's side: fp32 master weights computing in the model's dtype, as the
+        # trainer's learner holds them (the model itself in fp32)
+        self.learner = learner_copy(model)
         self.backend = backend  # a vLLM backend serving `model`'s weights, or None
         self.rng = random.Random(seed)
         self.vocab = model.config.vocab_size
@@ -144,7 +149,7 @@ class Auditor:
     def learner_vs_engine(self) -> ScenarioResult:
         prompts = [self.prompt(self.rng.randint(1, 90)) for _ in range(8)]
         params = [self.params(temperature=t) for t in (0.8, 0.8, 1.0, 0.0, 0.8, 1.3, 0.8, 1.0)]
-        return check_cases("learner full-sequence forward vs engine", self.model, self.run(prompts, params))
+        return check_cases("learner full-sequence forward vs engine", self.learner, self.run(prompts, params))
 
     def batch_one_vs_many(self) -> ScenarioResult:
         target, sp = self.prompt(40), self.params()
@@ -153,7 +158,7 @@ class Auditor:
         many = self.run([target, *others], [sp] + [self.params() for _ in others])
         # engine batch 1 vs learner batch 16, engine batch 16 vs learner batch 1
         a = [torch.tensor(alone[0].logprobs), torch.tensor(many[0].logprobs)]
-        b = [learner_logprobs(self.model, [alone[0], *many[1:]])[0], learner_logprobs(self.model, [many[0]])[0]]
+        b = [learner_logprobs(self.learner, [alone[0], *many[1:]])[0], learner_logprobs(self.learner, [many[0]])[0]]
         return compare("batch size 1 vs many", a, b)
 
     def needle_in_batch(self) -> ScenarioResult:
@@ -175,7 +180,7 @@ class Auditor:
             eng.step()
         case = Case.of(target, seqs[at].completion())
         return compare("sequence hidden among random others at a random position",
-                       [torch.tensor(case.logprobs)], learner_logprobs(self.model, [case]))
+                       [torch.tensor(case.logprobs)], learner_logprobs(self.learner, [case]))
 
     def decode_vs_prefill(self) -> ScenarioResult:
         prompt, sp = self.prompt(21), self.params()
@@ -193,7 +198,7 @@ class Auditor:
     def chunked_prefill(self, chunk: int) -> ScenarioResult:
         prompt = self.prompt(100)
         cases = self.run([prompt], [self.params(max_new_tokens=6)], max_batch_tokens=chunk)
-        return check_cases(f"chunked prefill, chunk size {chunk}", self.model, cases)
+        return check_cases(f"chunked prefill, chunk size {chunk}", self.learner, cases)
 
     def prefix_cache(self) -> ScenarioResult:
         eng = self.engine()
@@ -205,7 +210,7 @@ class Auditor:
         cont = eng.generate([ext], self.params())[0]
         hit = eng.num_cached_tokens > 0
         cases = [Case.of(base, cold)] + [Case.of(base, c) for c in hot] + [Case.of(ext, cont)]
-        r = check_cases("prefix-cache hit vs miss", self.model, cases)
+        r = check_cases("prefix-cache hit vs miss", self.learner, cases)
         r.bitwise_equal = r.bitwise_equal and hit
         return r
 
@@ -215,7 +220,7 @@ class Auditor:
         params = [self.params(max_new_tokens=24) for _ in prompts]
         outs = eng.generate(prompts, params)
         cases = [Case.of(p, c) for p, c in zip(prompts, outs, strict=True)]
-        r = check_cases("forced preemption and recompute", self.model, cases)
+        r = check_cases("forced preemption and recompute", self.learner, cases)
         r.bitwise_equal = r.bitwise_equal and eng.scheduler.num_preemptions > 0
         return r
 
@@ -227,7 +232,7 @@ class Auditor:
             turns.append((len(tokens), len(c.token_ids)))
             recorded += c.logprobs
             tokens = tokens + c.token_ids + self.prompt(self.rng.randint(1, 20))
-        full = learner_logprobs(self.model, [Case(tokens, 1, [])])[0]
+        full = learner_logprobs(self.learner, [Case(tokens, 1, [])])[0]
         ref = [full[s - 1 : s - 1 + n] for s, n in turns]
         r = compare("multi-turn continuation", [torch.tensor(recorded)], ref)
         r.bitwise_equal = r.bitwise_equal and eng.num_cached_tokens > 0
@@ -242,9 +247,9 @@ class Auditor:
             one = self.run(prompts, params)
             torch.set_num_threads(2)
             two = self.run(prompts, params)
-            ref_two = learner_logprobs(self.model, one)  # learner at 2 threads vs engine at 1
+            ref_two = learner_logprobs(self.learner, one)  # learner at 2 threads vs engine at 1
             torch.set_num_threads(1)
-            ref_one = learner_logprobs(self.model, two)  # learner at 1 thread vs engine at 2
+            ref_one = learner_logprobs(self.learner, two)  # learner at 1 thread vs engine at 2
         finally:
             torch.set_num_threads(before)
         a = [torch.tensor(c.logprobs) for c in one + two]
@@ -261,44 +266,49 @@ class Auditor:
             eng.add(s)
         for _ in range(5):
             eng.step()
-        old = {k: v.clone() for k, v in self.model.state_dict().items()}
-        g = torch.Generator().manual_seed(self.rng.randrange(2**31))
-        new = {k: v + 0.02 * torch.randn(v.shape, generator=g) for k, v in old.items()}
+        old, new = self._new_weights()
         old_cases = [_version_case(s, 0) for s in seqs]
         eng.update_weights(new, 1)
+        self.learner.load_state_dict(new)
         try:
             while eng.scheduler.has_work():
                 eng.step()
             new_cases = [_version_case(s, 1) for s in seqs]
             a = [torch.tensor(c.logprobs) for c in new_cases]
-            b = learner_logprobs(self.model, new_cases)
+            b = learner_logprobs(self.learner, new_cases)
         finally:
             eng.update_weights(old, 2)
+            self.learner.load_state_dict(old)
         a += [torch.tensor(c.logprobs) for c in old_cases]
-        b += learner_logprobs(self.model, old_cases)
+        b += learner_logprobs(self.learner, old_cases)
         return compare("after a weight update", a, b)
 
     def weight_update_between_requests(self) -> ScenarioResult:
         """A backend in another process (vLLM): requests before and after an update."""
         prompts = [self.prompt(self.rng.randint(10, 60)) for _ in range(5)]
         params = [self.params(max_new_tokens=16) for _ in prompts]
-        old = {k: v.clone() for k, v in self.model.state_dict().items()}
-        g = torch.Generator().manual_seed(self.rng.randrange(2**31))
-        new = {k: v + 0.02 * torch.randn(v.shape, generator=g) for k, v in old.items()}
+        old, new = self._new_weights()
         before = self.run(prompts, params)
         a = [torch.tensor(c.logprobs) for c in before]
-        b = learner_logprobs(self.model, before)
+        b = learner_logprobs(self.learner, before)
         v = self.backend.version
         asyncio.run(self.backend.update_weights(new, v + 1))
-        self.model.load_state_dict(new)
+        self.learner.load_state_dict(new)
         try:
             after = self.run(prompts, params)
             a += [torch.tensor(c.logprobs) for c in after]
-            b += learner_logprobs(self.model, after)
+            b += learner_logprobs(self.learner, after)
         finally:
-            self.model.load_state_dict(old)
+            self.learner.load_state_dict(old)
             asyncio.run(self.backend.update_weights(old, v + 2))
         return compare("after a weight update", a, b)
+
+    def _new_weights(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """The engine's weights now, and a perturbed copy of them in their dtype."""
+        old = {k: v.clone() for k, v in self.model.state_dict().items()}
+        g = torch.Generator().manual_seed(self.rng.randrange(2**31))
+        new = {k: (v + 0.02 * torch.randn(v.shape, generator=g)).to(v.dtype) for k, v in old.items()}
+        return old, new
 
     def run_scenario(self, sid: str) -> ScenarioResult:
         """One scenario by its id (see SCENARIOS)."""
@@ -325,6 +335,14 @@ BACKEND_SCENARIOS: tuple[str, ...] = (
 )
 
 
+def learner_copy(model: Decoder) -> Decoder:
+    """`model` as the trainer's learner holds it: its weights as fp32 masters (exact copies),
+    computing in the model's dtype. The model itself when it is fp32."""
+    if all(p.dtype == torch.float32 for p in model.parameters()):
+        return model
+    return copy.deepcopy(model).float()
+
+
 def _version_case(seq, version: int) -> Case:
     """The tokens of `seq` generated under `version`, as a Case cut at its last such token."""
     gen = seq.tokens[seq.num_prompt :]
@@ -346,6 +364,7 @@ def run_audit(model: Decoder, seed: int = 0, backend: Any = None) -> dict:
     uncertain = sum(r["uncertain_tokens"] for r in results)
     return {
         "kernels": model.kernels.mode,
+        "dtype": dtype_name(model.compute_dtype),
         "scenarios": results,
         "tokens_compared": compared,
         "uncertain_tokens": uncertain,
@@ -402,8 +421,10 @@ def audit_models(models: list[tuple[str, Callable[[], Decoder]]], kernels: str, 
         expected = same if kernels == "aligned" else not same
         entry["passed"] = entry["conclusive"] and (expected or vllm is not None)
         entries.append(entry)
+    dtypes = sorted({e["dtype"] for e in entries if "dtype" in e})
     return {
         "kernels": kernels,
+        "dtype": "/".join(dtypes) or "-",
         "engine": "parity" if vllm is None else "vllm",
         "machine": machine(),
         "models": entries,

@@ -24,6 +24,8 @@ from parity.engine.config import EngineConfig
 from parity.engine.engine import Engine
 from parity.engine.shapes import random_model
 from parity.model import Decoder
+from parity.model.bench import bf16_over_fp32
+from parity.model.dtypes import DTYPES, bf16_support
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,7 @@ class Case:
     repeats: int = 2
     tie_word_embeddings: bool = False
     warm_prefix: bool = False  # prefill once untimed; the timed run hits the prefix cache
+    dtype: str = "float32"
 
     def engine_config(self) -> EngineConfig:
         per_seq = -(-(self.prompt_len + self.new_tokens) // 16) + 1
@@ -48,6 +51,10 @@ CASES = (
          repeats=2, warm_prefix=True),
     Case("qwen2-0.5b batch 8 x 64 new", "qwen2-0.5b", batch=8, prompt_len=16, new_tokens=64,
          repeats=1, tie_word_embeddings=True),
+    Case("tiny batch 64 x 128 new, bf16", "tiny", batch=64, prompt_len=16, new_tokens=128,
+         dtype="bfloat16"),
+    Case("qwen2-0.5b batch 8 x 64 new, bf16", "qwen2-0.5b", batch=8, prompt_len=16,
+         new_tokens=64, repeats=1, tie_word_embeddings=True, dtype="bfloat16"),
 )
 
 
@@ -73,7 +80,7 @@ def run_case(case: Case, bandwidth: float, vllm: bool = False) -> dict:
     bound batch x `bandwidth` (bytes/s) / weight bytes, for one case; with `vllm`, vLLM's
     tokens/s on the same weights and requests too (parity.engine.vllm.bench)."""
     overrides = {"tie_word_embeddings": True} if case.tie_word_embeddings else {}
-    model = random_model(case.shape, **overrides)
+    model = random_model(case.shape, dtype=DTYPES[case.dtype], **overrides)
     prompts, params = _requests(case, model.config.vocab_size)
     warm = [SamplingParams(max_new_tokens=2, seed=0)]
     best = {"aligned": 0.0, "standard": 0.0}
@@ -98,6 +105,7 @@ def run_case(case: Case, bandwidth: float, vllm: bool = False) -> dict:
     return {
         "case": case.name,
         "shape": case.shape,
+        "dtype": case.dtype,
         "batch": case.batch,
         "prompt_len": case.prompt_len,
         "new_tokens": case.new_tokens,
@@ -126,6 +134,10 @@ def run_bench(names: list[str] | None = None, vllm: bool = False) -> dict:
         except VllmEnvError as e:
             vllm_info, vllm = str(e), False
     bandwidth = copy_bandwidth()
-    return {"threads": torch.get_num_threads(), "machine": machine(),
+    results = [run_case(c, bandwidth, vllm) for c in cases]
+    for r in results:  # cases of one shape and size differ by dtype alone
+        r["size"] = r["case"].removesuffix(", bf16")
+    ratios = bf16_over_fp32([{**r, "shape": r["size"]} for r in results])
+    return {"threads": torch.get_num_threads(), "machine": machine(), "bf16_support": bf16_support(),
             "copy_bandwidth_gb_s": round(bandwidth / 1e9, 2), "vllm": vllm_info,
-            "cases": [run_case(c, bandwidth, vllm) for c in cases]}
+            "cases": results, "bf16_over_fp32": ratios}

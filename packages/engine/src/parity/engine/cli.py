@@ -14,20 +14,30 @@ if TYPE_CHECKING:
     from parity.model import Decoder
 
 
-def audit_targets(model_dirs: list[Path], shapes: list[str], kernels: str
+def audit_targets(model_dirs: list[Path], shapes: list[str], kernels: str, dtype: str = "auto"
                   ) -> list[tuple[str, Callable[[], Decoder]]]:
     """(name, build) of each model to audit: the directories given, then the named random
-    shapes; with neither, the default audit shapes. Raises ValueError naming a bad one."""
+    shapes; with neither, the default audit shapes. `dtype`: float32, bfloat16 or auto (a
+    directory's torch_dtype, float32 for a shape). Raises ValueError (DtypeError) naming a bad
+    one."""
+    import torch
+
     from parity.engine.shapes import AUDIT_SHAPES, SHAPES, random_model
     from parity.model import load_model
+    from parity.model.dtypes import DTYPES, require_dtype, resolve_dtype
 
     bad = [s for s in shapes if s not in SHAPES]
     if bad:
         raise ValueError(f"--shape {bad[0]!r} is not a known shape ({', '.join(SHAPES)})")
+    if dtype != "auto" and dtype not in DTYPES:
+        raise ValueError(f"--dtype must be auto, float32 or bfloat16, not {dtype!r}")
     if not model_dirs and not shapes:
         shapes = list(AUDIT_SHAPES)
-    return [(str(d), lambda d=d: load_model(d, kernels=kernels)) for d in model_dirs] + \
-           [(s, lambda s=s: random_model(s, kernels)) for s in shapes]
+    dirs = [(d, resolve_dtype(dtype, d, "--dtype")) for d in model_dirs]
+    shape_dtype = DTYPES.get(dtype, torch.float32)
+    require_dtype(shape_dtype, "--dtype")
+    return [(str(d), lambda d=d, t=t: load_model(d, kernels=kernels, dtype=t)) for d, t in dirs] + \
+           [(s, lambda s=s: random_model(s, kernels, dtype=shape_dtype)) for s in shapes]
 
 
 def render_audit(report: dict) -> None:
@@ -36,7 +46,8 @@ def render_audit(report: dict) -> None:
 
     m = report["machine"]
     on = "" if report.get("engine", "parity") == "parity" else ", generation on vLLM"
-    typer.echo(f"parity audit: {report['kernels']} kernels on {m['cpu']} ({m['torch_capability']}), "
+    typer.echo(f"parity audit: {report['kernels']} kernels in {report['dtype']} on {m['cpu']} "
+               f"({m['torch_capability']}), "
                f"{m['mkl_mode'] or m['blas']}{on}")
     for e in report["models"]:
         if "error" in e:
@@ -102,5 +113,8 @@ def bench_engine(
         if "vllm_tokens_per_s" in r:
             typer.echo(f"  {'':36s} vLLM {r['vllm_tokens_per_s']:12.1f} tok/s  aligned ÷ vLLM "
                        f"{r['aligned_over_vllm']:.3f}  (vLLM {r['vllm_fraction_of_limit']:.0%} of the bound)")
+    for r in report["bf16_over_fp32"]:
+        typer.echo(f"  bf16 ÷ fp32, {r['shape']}: aligned {r['aligned_ratio']:.3f}, standard "
+                   f"{r['standard_ratio']:.3f}")
     if vllm and not any("vllm_tokens_per_s" in r for r in report["cases"]):
         typer.echo(f"  vLLM not timed: {report['vllm']}")

@@ -27,7 +27,7 @@ class Sampled:
 class ModelRunner:
     def __init__(self, model: Decoder, num_blocks: int, block_size: int) -> None:
         self.model = model.eval()
-        self.pool = KVPool(model.config, num_blocks, block_size, next(model.parameters()).dtype)
+        self.pool = KVPool(model.config, num_blocks, block_size, model.compute_dtype)
         self.peak_attention_scores = 0  # largest score matrix of one step (elements, all heads)
 
     def run(self, batch: Batch) -> Sampled:

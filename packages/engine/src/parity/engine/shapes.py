@@ -33,9 +33,11 @@ uncertain, as a parity audit needs (a saturated softmax hides every difference).
 
 
 def random_model(shape: str = "tiny", kernels: str = "aligned", seed: int = 0,
-                 max_position_embeddings: int = 131072, **overrides: int) -> Decoder:
-    """A decoder of a named shape (fields replaced by `overrides`), seeded random fp32 weights,
-    its output projection scaled so the logits of random tokens have std LOGIT_STD."""
+                 max_position_embeddings: int = 131072, dtype: torch.dtype = torch.float32,
+                 **overrides: int) -> Decoder:
+    """A decoder of a named shape (fields replaced by `overrides`), seeded random weights
+    (drawn in fp32, then held in `dtype`, which it computes in), its output projection
+    scaled so the logits of random tokens have std LOGIT_STD."""
     if shape not in SHAPES:
         raise ValueError(f"unknown model shape {shape!r} (known: {', '.join(SHAPES)})")
     cfg = SHAPES[shape].model_copy(
@@ -55,4 +57,5 @@ def random_model(shape: str = "tiny", kernels: str = "aligned", seed: int = 0,
             for _ in range(3):  # tied heads scale the input embeddings too: settle in a few steps
                 logits = model.logits(model(tokens, layout, DenseKV()))
                 model.lm_head_weight.mul_(LOGIT_STD / float(logits.std()))
-    return model.eval()
+    model.compute_dtype = dtype
+    return model.to(dtype).eval()

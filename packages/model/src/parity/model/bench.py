@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from parity.model.decoder import Decoder
+from parity.model.dtypes import DTYPES, bf16_support
 from parity.model.logprobs import token_logprobs
 from parity.model.shapes import SHAPES
 
@@ -33,9 +34,11 @@ class Case:
     batch: int
     seq_len: int
     rounds: int
+    dtype: str = "float32"  # bfloat16: fp32 masters computing in bf16, as the learner runs
 
 
-CASES = [Case("tiny", 32, 128, 5), Case("qwen2-0.5b", 1, 256, 2)]
+CASES = [Case("tiny", 32, 128, 5), Case("qwen2-0.5b", 1, 256, 2),
+         Case("tiny", 32, 128, 5, "bfloat16"), Case("qwen2-0.5b", 1, 256, 2, "bfloat16")]
 
 
 def _tokens_per_s(fn: Callable[[], None], tokens: int) -> float:
@@ -54,7 +57,7 @@ class _Workload:
     @classmethod
     def build(cls, case: Case, kernels: str) -> _Workload:
         torch.manual_seed(0)
-        model = Decoder(SHAPES[case.shape], kernels)
+        model = Decoder(SHAPES[case.shape], kernels, dtype=DTYPES[case.dtype])
         return cls(model, torch.randint(0, model.config.vocab_size, (case.batch, case.seq_len)))
 
     @property
@@ -84,7 +87,7 @@ def bench_case(case: Case, progress: Callable[[str], None] = lambda _: None) -> 
                 tps = _tokens_per_s(fn, n)
                 if r:
                     results[kind].setdefault(mode, []).append(tps)
-    out: dict = {"shape": case.shape, "batch": case.batch, "seq_len": case.seq_len,
+    out: dict = {"shape": case.shape, "dtype": case.dtype, "batch": case.batch, "seq_len": case.seq_len,
                  "params": sum(p.numel() for p in model.parameters()), "rounds": case.rounds}
     for kind, per_mode in results.items():
         a, s = statistics.median(per_mode["aligned"]), statistics.median(per_mode["standard"])
@@ -119,14 +122,34 @@ def cnr_cost(case: Case, repeats: int = 2, progress: Callable[[str], None] = lam
             "ratio": round(on / off, 3)}
 
 
+def bf16_over_fp32(results: list[dict], passes: tuple[str, ...] = ()) -> list[dict]:
+    """Per shape measured in both dtypes: bf16 tokens/s ÷ fp32 tokens/s, per kernel mode
+    (and per pass, for results that split into `passes`)."""
+    by = {(r["shape"], r["dtype"]): r for r in results}
+    out = []
+    for (shape, dtype), bf in by.items():
+        fp = by.get((shape, "float32"))
+        if dtype != "bfloat16" or fp is None:
+            continue
+        for kind in passes or ("",):
+            a, b = (bf[kind], fp[kind]) if kind else (bf, fp)
+            out.append({"shape": shape, **({"pass": kind} if kind else {}),
+                        **{f"{m}_ratio": round(a[f"{m}_tokens_per_s"] / b[f"{m}_tokens_per_s"], 3)
+                           for m in ("aligned", "standard")}})
+    return out
+
+
 def run(shapes: list[str] | None = None, progress: Callable[[str], None] = lambda _: None) -> dict:
     from parity.model.selfcheck import machine
 
     cases = [c for c in CASES if shapes is None or c.shape in shapes]
+    results = [bench_case(c, progress) for c in cases]
     return {
         "threads": torch.get_num_threads(),
         "machine": machine(),
-        "cases": [bench_case(c, progress) for c in cases],
+        "bf16_support": bf16_support(),
+        "cases": results,
+        "bf16_over_fp32": bf16_over_fp32(results, ("fwd_bwd", "fwd")),
         # the 0.5B shape would take minutes per process; the tiny one shows the GEMM setting's cost
         "mkl_strict_cnr_cost": [cnr_cost(c, progress=progress) for c in cases if c.shape == "tiny"],
     }

@@ -130,6 +130,16 @@ class ModelConfig(BaseModel):
             raise ModelConfigError(f"{path}: expected a JSON object")
         return cls.from_dict(data, source=str(path))
 
-    def save(self, directory: str | Path) -> None:
+    @property
+    def declared_dtype(self) -> Any:
+        """The checkpoint's own dtype: `torch_dtype` (or transformers' newer `dtype`), if any."""
+        extra = self.model_extra or {}
+        return extra.get("torch_dtype", extra.get("dtype"))
+
+    def save(self, directory: str | Path, torch_dtype: str | None = None) -> None:
+        d = self.to_hf_dict()
+        if torch_dtype is not None:
+            d.pop("dtype", None)
+            d["torch_dtype"] = torch_dtype
         path = Path(directory) / "config.json"
-        path.write_text(json.dumps(self.to_hf_dict(), indent=2, sort_keys=True) + "\n")
+        path.write_text(json.dumps(d, indent=2, sort_keys=True) + "\n")

@@ -112,11 +112,17 @@ class Decoder(nn.Module):
 
     Choosing aligned kernels first proves them on this machine for the model's shapes
     (`parity.model.selfcheck`, cached per machine) and raises AlignmentError if they are not
-    row-invariant here."""
+    row-invariant here.
 
-    def __init__(self, cfg: ModelConfig, kernels: KernelMode | str = "aligned") -> None:
+    `dtype` is what it computes in: activations and keys/values are `dtype` between ops, and
+    the weights are used rounded to it whatever dtype the parameters are held in (fp32
+    masters in the learner, `dtype` itself in the engine)."""
+
+    def __init__(self, cfg: ModelConfig, kernels: KernelMode | str = "aligned",
+                 dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
         self.config = cfg
+        self.compute_dtype = dtype
         self.model = Body(cfg)
         if not cfg.tie_word_embeddings:
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
@@ -160,7 +166,7 @@ class Decoder(nn.Module):
     def forward(self, tokens: torch.Tensor, layout: SeqLayout, kv: KVStore) -> torch.Tensor:
         """Final-norm hidden states [N, hidden] for the flat token rows `tokens` [N]."""
         cos, sin = self.rope.lookup(layout.positions)
-        h = self.model.embed_tokens(tokens)
+        h = self.model.embed_tokens(tokens).to(self.compute_dtype)
         for i, layer in enumerate(self.model.layers):
             a = self._attention(
                 layer.self_attn, self._norm(layer.input_layernorm, h), i, layout, kv, cos, sin

@@ -16,6 +16,12 @@ weight on every call, which left decode's few-row GEMMs compute-bound at about h
 bandwidth (docs/benchmarks-engine.md). Every caller, the learner's forward included, gets the
 same prepared weight and so the same kernel; oneDNN picks its kernels by ISA flags, not by CPU
 vendor.
+
+In bfloat16 (x is bf16) the GEMM is this same fp32 GEMM on the bf16 values: the weights are
+rounded to bf16 once when prepared (fp32 masters and bf16 weights give the same prepared
+weight), products of bf16 values are exact in fp32, the fp32 accumulation keeps its proved
+order, and the output is rounded to bf16 once. Learner and engine thus agree bit for bit in
+bf16 for the same reason as in fp32, on every CPU, whatever its bf16 instructions.
 """
 
 from __future__ import annotations
@@ -63,47 +69,65 @@ def gemm(columns: int, fn: Callable[..., torch.Tensor], *args: torch.Tensor | No
         set_local_threads(before)
 
 
-def _on_onednn(ws: Sequence[torch.Tensor]) -> bool:
-    # oneDNN's reordered layouts are proved for fp32 only
-    return (ONEDNN and ws[0].dtype == torch.float32
+def _on_onednn(ws: Sequence[torch.Tensor], dtype: torch.dtype) -> bool:
+    # oneDNN's reordered layouts are proved for fp32 operands (those of fp32 and bf16 models)
+    return (ONEDNN and accumulation_dtype(dtype) == torch.float32
             and sum(w.numel() for w in ws) >= ONEDNN_MIN_WEIGHT)
 
 
-# first weight of a stack -> (identity, version and storage of each weight when prepared, the
-# prepared stacked weight)
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """What aligned ops compute in for inputs of `dtype`: fp32 for bf16, else `dtype` itself."""
+    return torch.float32 if dtype == torch.bfloat16 else dtype
+
+
+def _rounded(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """t's values rounded to `dtype`, held in its accumulation dtype (the GEMMs' operands)."""
+    return t.detach().to(dtype).to(accumulation_dtype(dtype))
+
+
+# first weight of a stack -> (identity, version and storage of each weight and the dtype when
+# prepared, the prepared stacked weight)
 _PREPARED: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
-def _prepared(ws: Sequence[torch.Tensor]) -> torch.Tensor:
-    """The weights stacked by output and, on oneDNN, reordered for ROW_TILE-row inputs; made
-    again after any of them changes in place. Seen: changes that bump a tensor's version
-    counter (copy_ and other in-place ops, load_state_dict, torch.optim's default and foreach
-    steps) or swap its storage. Not seen: in-place writes through `.data` and
-    `torch.optim.AdamW(fused=True)`, which leave the counter alone."""
-    key = tuple((id(w), w._version, w.data_ptr()) for w in ws)
+def _prepared(ws: Sequence[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    """The weights rounded to `dtype`, in fp32, stacked by output and, on oneDNN, reordered
+    for ROW_TILE-row inputs; made again after any of them changes in place. Seen: changes
+    that bump a tensor's version counter (copy_ and other in-place ops, load_state_dict,
+    torch.optim's default and foreach steps) or swap its storage. Not seen: in-place writes
+    through `.data` and `torch.optim.AdamW(fused=True)`, which leave the counter alone."""
+    key = (dtype, *((id(w), w._version, w.data_ptr()) for w in ws))
     hit = _PREPARED.get(ws[0])
     if hit is None or hit[0] != key:
         with torch.no_grad():
-            w = torch.cat([w.detach() for w in ws]) if len(ws) > 1 else ws[0].detach()
-            if _on_onednn(ws):
+            w = torch.cat([_rounded(w, dtype) for w in ws]) if len(ws) > 1 else _rounded(ws[0], dtype)
+            if _on_onednn(ws, dtype):
                 w = torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), ROW_TILE)
         hit = key, w
         _PREPARED[ws[0]] = hit
     return hit[1]
 
 
-def _stacked_bias(ws: Sequence[torch.Tensor], bs: Sequence[torch.Tensor | None]) -> torch.Tensor | None:
+def _stacked_bias(ws: Sequence[torch.Tensor], bs: Sequence[torch.Tensor | None], dtype: torch.dtype
+                  ) -> torch.Tensor | None:
     if all(b is None for b in bs):
         return None
-    return torch.cat([w.new_zeros(w.shape[0]) if b is None else b.detach() for w, b in zip(ws, bs, strict=True)])
+    return torch.cat([w.new_zeros(w.shape[0], dtype=accumulation_dtype(dtype)) if b is None else _rounded(b, dtype)
+                      for w, b in zip(ws, bs, strict=True)])
 
 
 def _forward(flat: torch.Tensor, ws: Sequence[torch.Tensor], bs: Sequence[torch.Tensor | None]) -> torch.Tensor:
-    """flat [M, k] (M a multiple of ROW_TILE) times the stacked weights, plus their biases."""
-    w, b = _prepared(ws), _stacked_bias(ws, bs)
-    if _on_onednn(ws):
-        return torch.ops.mkldnn._linear_pointwise(flat, w, b, "none", [], "")
-    return gemm(w.shape[0], F.linear, flat, w, b)
+    """flat [M, k] (M a multiple of ROW_TILE) times the stacked weights, plus their biases,
+    computed in fp32 on flat's values and the weights rounded to flat's dtype; the result is
+    rounded to flat's dtype."""
+    dtype = flat.dtype
+    w, b = _prepared(ws, dtype), _stacked_bias(ws, bs, dtype)
+    x = flat.to(accumulation_dtype(dtype))
+    if _on_onednn(ws, dtype):
+        y = torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
+    else:
+        y = gemm(w.shape[0], F.linear, x, w, b)
+    return y.to(dtype)
 
 
 class _Linears(torch.autograd.Function):
@@ -113,17 +137,20 @@ class _Linears(torch.autograd.Function):
     def forward(ctx, flat: torch.Tensor, n: int, *params: torch.Tensor | None) -> torch.Tensor:  # type: ignore[override]
         ws, bs = params[:n], params[n:]
         ctx.save_for_backward(flat, *ws)
-        ctx.has_bias = [b is not None for b in bs]
+        ctx.bias_dtypes = [None if b is None else b.dtype for b in bs]
         return _forward(flat, ws, bs)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+        # in fp32, with the weights as the forward used them; each gradient in its input's dtype
         flat, *ws = ctx.saved_tensors
-        grads = grad.split([w.shape[0] for w in ws], dim=-1)
-        gx = sum(g @ w for g, w in zip(grads, ws, strict=True))
-        gws = [g.t() @ flat for g in grads]
-        gbs = [g.sum(0) if has else None for g, has in zip(grads, ctx.has_bias, strict=True)]
-        return gx, None, *gws, *gbs
+        dtype = flat.dtype
+        x = flat.to(accumulation_dtype(dtype))
+        grads = grad.to(x.dtype).split([w.shape[0] for w in ws], dim=-1)
+        gx = sum(g @ _rounded(w, dtype) for g, w in zip(grads, ws, strict=True))
+        gws = [(g.t() @ x).to(w.dtype) for g, w in zip(grads, ws, strict=True)]
+        gbs = [None if dt is None else g.sum(0).to(dt) for g, dt in zip(grads, ctx.bias_dtypes, strict=True)]
+        return gx.to(dtype), None, *gws, *gbs
 
 
 def linears_aligned(x: torch.Tensor, parts: Sequence[Part]) -> list[torch.Tensor]:

@@ -20,6 +20,7 @@ from safetensors.torch import load_file, save_file
 
 from parity.model.config import ModelConfig
 from parity.model.decoder import Decoder
+from parity.model.dtypes import dtype_name
 from parity.model.kernels import KernelMode
 
 INDEX = "model.safetensors.index.json"
@@ -110,21 +111,35 @@ def check_model_dir(directory: str | Path) -> ModelConfig:
     return cfg
 
 
+def stored_dtypes(directory: str | Path) -> set[str]:
+    """The safetensors dtypes ("F32", "BF16", ...) the directory's weights are stored in
+    (read from the file headers)."""
+    return {t.dtype for t, _ in _read_tensors(Path(directory), header_only=True).values()}
+
+
 def load_model(
-    directory: str | Path, kernels: KernelMode | str = "aligned", dtype: torch.dtype = torch.float32
+    directory: str | Path, kernels: KernelMode | str = "aligned",
+    dtype: torch.dtype = torch.float32, master_weights: bool = False,
 ) -> Decoder:
-    """Build the decoder described by `directory/config.json` and load its weights."""
+    """Build the decoder described by `directory/config.json` and load its weights.
+
+    `dtype` is what the model computes in (activations, KV cache, published weights); its
+    parameters are held in `dtype`, or in float32 with `master_weights` (the learner: the
+    optimizer steps fp32 masters, the forward uses their rounding to `dtype`)."""
     directory = Path(directory)
     cfg = ModelConfig.from_pretrained(directory)
-    model = Decoder(cfg, kernels)
+    model = Decoder(cfg, kernels, dtype=dtype)
     tensors = _read_tensors(directory)
     _check_tensors(directory, model, tensors)
-    model.load_state_dict({key: tensors[key][0].to(dtype) for key in model.state_dict()})
-    return model.to(dtype)
+    held = torch.float32 if master_weights else dtype
+    model.load_state_dict({key: tensors[key][0].to(held) for key in model.state_dict()})
+    return model.to(held)
 
 
 def save_model(model: Decoder, directory: str | Path, max_shard_bytes: int = 2**31) -> None:
-    """Write config.json and safetensors (sharded above `max_shard_bytes`) atomically."""
+    """Write config.json and safetensors (sharded above `max_shard_bytes`) atomically. The
+    tensors are saved as the model holds them (a learner's fp32 masters stay fp32, so a
+    resume is exact); config.json's torch_dtype is the dtype the model computes in."""
     directory = Path(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
@@ -153,7 +168,7 @@ def save_model(model: Decoder, directory: str | Path, max_shard_bytes: int = 2**
         (tmp / INDEX).write_text(
             json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
         )
-    model.config.save(tmp)
+    model.config.save(tmp, torch_dtype=dtype_name(model.compute_dtype))
     _replace_dir(tmp, directory)
 
 

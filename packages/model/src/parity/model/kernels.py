@@ -26,6 +26,12 @@ in the call, the row's position among them, and the thread count. How, on CPU:
 `standard`: the same math written as anyone would (F.linear with bias, SDPA, F.silu),
 used as the contrast the parity audit must catch.
 
+bfloat16 (inputs in bf16): aligned ops compute in fp32 on the bf16 values with the weights
+rounded to bf16, by the very fp32 ops above, and round each output to bf16 once — fixed
+rounding points, the same in every caller, so learner and engine stay bit-identical. Standard
+ops run torch's native bf16 kernels, as a bf16 model usually runs (RMSNorm in fp32 inside,
+as Hugging Face's does).
+
 Backward passes need only be correct: aligned ops compute their gradients with ordinary
 multi-threaded torch ops (attention with torch's flash-attention backward, from the output
 and log-normaliser its forward kept).
@@ -41,7 +47,7 @@ import torch
 import torch.nn.functional as F
 
 from parity.model.attention import attention_aligned, attention_standard
-from parity.model.gemm import Part, linear_aligned, linears_aligned
+from parity.model.gemm import Part, accumulation_dtype, linear_aligned, linears_aligned
 from parity.model.rowwise import (
     rms_norm_aligned,
     rms_norm_standard,
@@ -79,14 +85,36 @@ class Kernels:
         return torch.log_softmax(logits.float(), dim=-1)
 
 
+def _in_fp32(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """fn as an aligned op for bf16 inputs too: its tensor arguments rounded to the first
+    one's dtype and computed in fp32, the output rounded back to bf16 (other dtypes: fn)."""
+
+    def op(x: torch.Tensor, *args: object) -> torch.Tensor:
+        dtype = x.dtype
+        if accumulation_dtype(dtype) == dtype:
+            return fn(x, *args)
+        up = [a.to(dtype).float() if isinstance(a, torch.Tensor) else a for a in args]
+        return fn(x.float(), *up).to(dtype)
+
+    return op
+
+
+def _as(t: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor | None:
+    return None if t is None else t.to(like.dtype)
+
+
+def _linear_standard(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    return F.linear(x, w.to(x.dtype), _as(b, x))
+
+
 def _linears_standard(x: torch.Tensor, parts: Sequence[Part]) -> list[torch.Tensor]:
-    return [F.linear(x, w, b) for w, b in parts]
+    return [_linear_standard(x, w, b) for w, b in parts]
 
 
-ALIGNED = Kernels("aligned", linear_aligned, linears_aligned, rms_norm_aligned, silu_mul_aligned,
-                  attention_aligned)
-STANDARD = Kernels("standard", F.linear, _linears_standard, rms_norm_standard, silu_mul_standard,
-                   attention_standard)
+ALIGNED = Kernels("aligned", linear_aligned, linears_aligned, _in_fp32(rms_norm_aligned),
+                  _in_fp32(silu_mul_aligned), _in_fp32(attention_aligned))
+STANDARD = Kernels("standard", _linear_standard, _linears_standard, rms_norm_standard,
+                   silu_mul_standard, attention_standard)
 
 
 def get_kernels(mode: KernelMode | str) -> Kernels:

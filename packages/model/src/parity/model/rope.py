@@ -58,7 +58,8 @@ class RotaryTable:
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [N, H, D] rotated as in Hugging Face's rotate_half convention."""
+    """x [N, H, D] rotated as in Hugging Face's rotate_half convention, computed with the
+    fp32 table and rounded once to x's dtype."""
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
+    return (x * cos + rotated * sin).to(x.dtype)

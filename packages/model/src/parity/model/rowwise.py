@@ -44,7 +44,9 @@ def rms_norm_aligned(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tens
 
 
 def rms_norm_standard(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+    """As Hugging Face's: normalised in at least fp32, scaled in x's dtype."""
+    xw = x.to(torch.promote_types(x.dtype, torch.float32))
+    return w.to(x.dtype) * (xw * torch.rsqrt(xw.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
 def _silu_mul_fwd(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
