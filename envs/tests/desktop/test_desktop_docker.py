@@ -41,6 +41,10 @@ def test_docker_desktop_runs_tasks_and_is_hardened(docker_client) -> None:
     assert pick_backend("auto") == "docker"  # the default where an engine and the image exist
     env = DesktopEnv(backend="docker")
     try:
+        # Firefox first: its AT-SPI tree was lost on Docker from a later episode on in 2 of
+        # 7 scripted runs (docs/desktop.md, "Not done")
+        assert play(env, "browser-order-form", "oracle")[0] == 1.0  # Firefox, clicked by its AT-SPI tree
+        assert play(env, "browser-bookmark-page", "wrong")[0] == 0.0
         assert play(env, "sheet-add-row", "oracle")[0] == 1.0
         assert play(env, "calc-total-row", "oracle")[0] == 1.0  # LibreOffice is in the image
         assert play(env, "writer-page-break", "wrong")[0] == 0.0

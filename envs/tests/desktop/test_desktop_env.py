@@ -9,6 +9,7 @@ import struct
 import threading
 import time
 import zlib
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -19,6 +20,7 @@ from gymnasium.utils.env_checker import check_env
 import parity.envs.desktop  # noqa: F401 - registers parity/Desktop-v0
 from parity.envs.desktop.client import DesktopRequestError
 from parity.envs.desktop.env import DesktopEnv
+from parity.envs.desktop.getters import GETTERS, EvalContext
 from parity.envs.desktop.sandbox import DesktopSandbox, pick_backend
 from parity.envs.desktop.solutions import play
 from parity.envs.desktop.tasks import load_tasks
@@ -326,3 +328,35 @@ def test_real_app_tree_comes_through_atspi(env: DesktopEnv, task_id: str) -> Non
     assert "\tdraft.txt\t" in obs["accessibility_tree"]  # the file in the folder view
     env.step("pyautogui.hotkey('ctrl', 'a')")
     assert [r["description"] for r in env.rows() if r["tag"] == "icon" and r["text"] == "draft.txt"] == ["selected"]
+
+
+@pytest.mark.parametrize("task_id", [pytest.param("browser-follow-link", marks=needs_apps(["firefox", "atspi"]))])
+def test_browser_shows_local_pages_only(env: DesktopEnv, task_id: str) -> None:
+    obs, _ = env.reset(options={"task_id": task_id})
+    assert env.client.windows()["active"] == "Corner shop — Mozilla Firefox"  # type: ignore[union-attr]
+    assert "link\tOpening hours\tOpening hours\tatspi\t" in obs["accessibility_tree"]  # its AT-SPI tree
+    ctx = EvalContext(env.client, Path("/tmp"), env.task.files_dir)  # type: ignore[arg-type, union-attr]
+    env.step("pyautogui.hotkey('ctrl', 'l')")
+    assert GETTERS["active_url_from_accessTree"](ctx, {}) is None  # the address bar is being edited
+    env.step('{"action_type": "TYPING", "parameters": {"text": "http://example.com/"}}')
+    env.step("pyautogui.press('enter')")
+    assert env.client.windows()["active"] == "Problem loading page — Mozilla Firefox"  # type: ignore[union-attr]
+    headings = [r["name"] for r in env.rows() if r["tag"] == "heading"]
+    assert headings[0] == "The proxy server is refusing connections"  # the profile's proxy on a closed port
+    assert GETTERS["active_url_from_accessTree"](ctx, {}) == "http://example.com/"
+    assert GETTERS["browser_history"](ctx, {}) == ["file:///home/user/site/index.html"]
+
+
+@pytest.mark.parametrize("task_id", [pytest.param("calc-max", marks=needs_apps(["libreoffice_calc", "atspi"]))])
+def test_libreoffice_tree_comes_through_atspi(env: DesktopEnv, task_id: str) -> None:
+    env.reset(options={"task_id": task_id})
+    rows = env.rows()
+    assert rows[0]["name"] == "calc-max.xlsx - LibreOffice Calc" and rows[0]["description"] == "active"
+    atspi = {(r["tag"], r["name"]) for r in rows if r["class"] == "atspi"}
+    assert {("menu", "File"), ("push-button", "Save"), ("toggle-button", "Bold")} <= atspi  # the GTK 3 plugin's tree
+    name_box = [r["text"] for r in rows if r["tag"] == "text" and r["y"] < 200 and r["text"] in ("A1", "B5")]
+    assert name_box == ["A1"]
+    env.step("pyautogui.hotkey('ctrl', 'home')")
+    env.step("pyautogui.press('right')")
+    env.step("pyautogui.press('down', presses=4)")
+    assert [r["text"] for r in env.rows() if r["tag"] == "text" and r["y"] < 200 and r["text"] in ("A1", "B5")] == ["B5"]

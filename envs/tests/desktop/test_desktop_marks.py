@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from desktop_support import needs_desktop
+from desktop_support import needs_apps, needs_desktop
 
 from parity.envs.desktop.actions import ActionParseError, parse
 from parity.envs.desktop.env import DesktopEnv
@@ -73,5 +73,22 @@ def test_som_observation_acts_on_marks_and_refuses_a_stale_one() -> None:
                                  "nothing was done")
         assert env.client.file("~/hello.txt")["exists"] is False  # type: ignore[union-attr]
         assert "\tSave\t" not in obs["marks"] and "\tNew Folder\t" in obs["marks"]  # marks of the new window
+    finally:
+        env.close()
+
+
+@needs_desktop
+@pytest.mark.parametrize("task_id", [pytest.param("browser-follow-link", marks=needs_apps(["firefox", "atspi"]))])
+def test_som_marks_a_real_browser_page(task_id: str) -> None:
+    env = DesktopEnv(backend="local", obs_mode="som")
+    try:
+        obs, _ = env.reset(options={"task_id": task_id})
+        number = {(line.split("\t")[1], line.split("\t")[2]): int(line.split("\t")[0])
+                  for line in obs["marks"].split("\n")[1:]}
+        assert {("link", "Contact"), ("link", "Opening hours"), ("combo-box", "Enter address"),
+                ("push-button", "Back"), ("page-tab", "Corner shop")} <= number.keys()
+        _, _, _, _, info = env.step(f"pyautogui.click(tag_{number[('link', 'Opening hours')]})")
+        assert "error" not in info
+        assert env.step("DONE")[1] == 1.0
     finally:
         env.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import sqlite3
 from collections import Counter
 from pathlib import Path
 from xml.etree import ElementTree
@@ -18,10 +19,12 @@ from odf.text import P
 
 from parity.envs.desktop.a11y import approx_tokens, linearize
 from parity.envs.desktop.env import DesktopEnv
+from parity.envs.desktop.guest import browser
 from parity.envs.desktop.guest.office import with_profile, write_profile
 from parity.envs.desktop.metrics import (
     METRICS,
     check_include_exclude,
+    check_json,
     check_json_settings,
     compare_csv,
     compare_docx_files,
@@ -29,6 +32,7 @@ from parity.envs.desktop.metrics import (
     compare_text_file,
     contains_page_break,
     exact_match,
+    is_expected_active_tab,
     is_first_line_centered,
     is_in_list,
     literal_match,
@@ -39,9 +43,9 @@ from parity.envs.desktop.tasks import SETUP_TYPES, TaskError, guest_steps, load_
 
 def test_shipped_tasks_cover_every_app_with_oracle_and_wrong_solutions() -> None:
     tasks = load_tasks()
-    assert len(tasks) == 37
+    assert len(tasks) == 42
     apps = Counter(app for t in tasks for app in t.related_apps)
-    assert apps == {"libreoffice_calc": 9, "libreoffice_writer": 8, "pcmanfm": 5, "terminal": 4,  # real apps
+    assert apps == {"libreoffice_calc": 9, "libreoffice_writer": 8, "pcmanfm": 5, "terminal": 4, "firefox": 5,  # real
                     "textedit": 4, "files": 3, "settings": 3, "sheet": 2}  # the repo's Tk apps
     for t in tasks:
         assert t.solutions["oracle"] and t.solutions["wrong"], t.id
@@ -149,6 +153,69 @@ def test_file_metrics(tmp_path: Path) -> None:
     assert check_json_settings(str(c), {"expected": {"dark_mode": False}}) == 0.0
     a.write_text("{")
     assert check_json_settings(str(a), {"expected": {}}) == 0.0
+
+
+def test_check_json_takes_key_paths_and_value_rules(tmp_path: Path) -> None:
+    order = tmp_path / "order.json"
+    order.write_text('{"name": "Ada Lovelace", "quantity": 3, "items": [{"sku": "mug-blue"}]}')
+    expect = [{"key": ["name"], "method": "eq", "ref": "Ada Lovelace"}, {"key": ["quantity"], "method": "ge", "ref": 2},
+              {"key": ["items", 0, "sku"], "method": "re", "ref": "^mug-"}]
+    assert check_json(str(order), {"expect": expect}) == 1.0
+    assert check_json(str(order), {"expect": [{"key": ["quantity"], "method": "eq", "ref": 4}]}) == 0.0
+    assert check_json(str(order), {"expect": [{"key": ["gift_wrap"], "method": "eq", "ref": True}]}) == 0.0
+    assert check_json(str(order), {"expect": [{"key": ["items", 5], "method": "eq", "ref": 1}]}) == 0.0
+    assert check_json(str(order), {"expect": expect, "unexpect": [{"key": ["name"], "method": "re", "ref": "Ada"}]}) == 0.0
+    assert check_json(str(order), {"unexpect": [{"key": ["coupon"], "method": "eq", "ref": "X"}]}) == 1.0
+    assert check_json(None, {"expect": []}) == 0.0 and check_json(str(tmp_path / "gone"), {"expect": []}) == 0.0
+
+
+def test_is_expected_active_tab_compares_urls() -> None:
+    rule = {"type": "url", "url": "file:///home/user/site/hours.html"}
+    assert is_expected_active_tab("file:///home/user/site/hours.html", rule) == 1.0
+    assert is_expected_active_tab({"url": "FILE:///home/user/site/hours.html/", "title": "x"}, rule) == 1.0
+    assert is_expected_active_tab("file:///home/user/site/hours.html?x=1", rule) == 0.0
+    assert is_expected_active_tab("file:///home/user/site/contact.html", rule) == 0.0
+    assert is_expected_active_tab(None, rule) == 0.0
+    with pytest.raises(ValueError, match="unknown rule type 'title'"):
+        is_expected_active_tab("x", {"type": "title", "title": "x"})
+
+
+def test_browser_profile_reaches_no_network_and_starts_the_same(tmp_path: Path) -> None:
+    profile = str(tmp_path / "profile")
+    assert browser.with_profile(["firefox", "file:///home/user/a.html"], profile) == [
+        "firefox-esr", "--no-remote", "--new-instance", "--profile", profile, "file:///home/user/a.html"]
+    assert browser.with_profile(["xterm"], profile) == ["xterm"]
+    (tmp_path / "profile").mkdir()
+    (tmp_path / "profile" / "places.sqlite").write_text("from the last episode")
+    browser.write_profile(profile, "/home/user")
+    assert os.listdir(profile) == ["user.js"]
+    prefs = {json.loads(k): json.loads(v) for k, v in (line[len("user_pref("):-len(");")].split(", ", 1) for line in
+                                                        (tmp_path / "profile" / "user.js").read_text().splitlines())}
+    assert {k: v for k, v in prefs.items() if k.startswith("network.proxy.")} == {
+        "network.proxy.type": 1, "network.proxy.http": "127.0.0.1", "network.proxy.http_port": 9,
+        "network.proxy.ssl": "127.0.0.1", "network.proxy.ssl_port": 9, "network.proxy.socks": "127.0.0.1",
+        "network.proxy.socks_port": 9, "network.proxy.no_proxies_on": "", "network.proxy.allow_hijacking_localhost": True}
+    assert prefs["network.dns.disabled"] is True and prefs["browser.download.dir"] == "/home/user/Downloads"
+
+
+def test_browser_places_are_read_from_a_copy_with_its_log(tmp_path: Path) -> None:
+    assert browser.places(str(tmp_path), "bookmarks") == []  # before the browser made its database
+    conn = sqlite3.connect(tmp_path / "places.sqlite")
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA wal_autocheckpoint=0")  # the rows stay in places.sqlite-wal, as while Firefox runs
+    conn.executescript("""
+        CREATE TABLE moz_places (id INTEGER PRIMARY KEY, url TEXT, title TEXT);
+        CREATE TABLE moz_bookmarks (id INTEGER PRIMARY KEY, type INTEGER, fk INTEGER, title TEXT);
+        CREATE TABLE moz_historyvisits (id INTEGER PRIMARY KEY, place_id INTEGER);
+        INSERT INTO moz_places VALUES (1, 'file:///home/user/a.html', 'A'), (2, 'file:///home/user/b.html', NULL);
+        INSERT INTO moz_bookmarks VALUES (1, 2, NULL, 'toolbar'), (2, 1, 2, 'Weekly recipes');
+        INSERT INTO moz_historyvisits VALUES (1, 1);
+    """)
+    conn.commit()
+    assert (tmp_path / "places.sqlite-wal").stat().st_size > 0
+    assert browser.places(str(tmp_path), "bookmarks") == [{"url": "file:///home/user/b.html", "title": "Weekly recipes"}]
+    assert browser.places(str(tmp_path), "history") == [{"url": "file:///home/user/a.html", "title": "A"}]
+    conn.close()
 
 
 def _xlsx(path: Path, rows: list[list], title: str = "Sheet1") -> str:

@@ -7,14 +7,15 @@ shipped with the task (OSWorld downloads it from a URL; here it is the file in t
 folder's `files/` named by its `dest`, or else by the URL's last part, since the sandbox has
 no network). `rule` returns its `rules`.
 
-OSWorld's names here: vm_file, cloud_file, rule, vm_command_line, vm_command_error.
-parity's own: vm_path_kind, vm_dir_entries, active_window_title, window_titles,
-accessibility_text.
+OSWorld's names here: vm_file, cloud_file, rule, vm_command_line, vm_command_error,
+active_url_from_accessTree. parity's own: vm_path_kind, vm_dir_entries, active_window_title,
+window_titles, accessibility_text, browser_bookmarks, browser_history.
 """
 
 from __future__ import annotations
 
 import base64
+import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from .client import DesktopClient
+from .client import DesktopClient, DesktopRequestError
 
 
 @dataclass(frozen=True)
@@ -119,7 +120,41 @@ def accessibility_text(ctx: EvalContext, g: dict) -> str | None:
     return None
 
 
+def active_url_from_accessTree(ctx: EvalContext, g: dict) -> str | None:  # OSWorld's name, camel case included
+    """The URL in the active browser window's address bar, read from its accessibility tree
+    (None if no address bar is showing, or if it has the focus: its text may then be an edit
+    not yet submitted); `goto_prefix` (e.g. "https://") is put in front of a URL shown
+    without a scheme."""
+    for row in ctx.client.accessibility():
+        if row["tag"] in ("combo-box", "entry") and "address" in row["name"].lower():
+            if "focused" in row["description"].split(","):
+                return None
+            url = row["text"].strip()
+            return url if "://" in url or not url else g.get("goto_prefix", "") + url
+    return None
+
+
+def _places(ctx: EvalContext, what: str) -> list[dict[str, str]]:
+    """The browser's bookmarks or history, as `guest.browser` reads them from its profile."""
+    out = ctx.client.setup({"type": "execute", "parameters": {"command": ["python3", "-m", "guest.browser", what]}})
+    if out["returncode"] != 0:
+        raise DesktopRequestError(f"reading the browser's {what} failed: {out['stderr'][-500:]}")
+    return json.loads(out["stdout"])
+
+
+def browser_bookmarks(ctx: EvalContext, g: dict) -> list[dict[str, str]]:
+    """The browser's saved bookmarks, [{"url", "title"}] in the order they were made (its own
+    default bookmarks included), from its places.sqlite."""
+    return _places(ctx, "bookmarks")
+
+
+def browser_history(ctx: EvalContext, g: dict) -> list[str]:
+    """The URLs of the pages the browser has visited, from its places.sqlite."""
+    return [page["url"] for page in _places(ctx, "history")]
+
+
 GETTERS: dict[str, Callable[[EvalContext, dict], Any]] = {
     f.__name__: f for f in (vm_file, cloud_file, rule, vm_command_line, vm_command_error, vm_path_kind,
-                            vm_dir_entries, active_window_title, window_titles, accessibility_text)
+                            vm_dir_entries, active_window_title, window_titles, accessibility_text,
+                            active_url_from_accessTree, browser_bookmarks, browser_history)
 }

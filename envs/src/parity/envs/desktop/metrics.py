@@ -7,8 +7,9 @@ file its library cannot read scores 0. Files are read with openpyxl (.xlsx), pyt
 
 OSWorld's names here: exact_match, is_in_list, check_include_exclude, literal_match,
 compare_text_file, compare_csv, compare_table (rules sheet_name, sheet_data, check_cell),
-compare_docx_files, contains_page_break, is_first_line_centered, check_json_settings, and
-infeasible (in `evaluators.evaluate`). parity's own: normalized_match.
+compare_docx_files, contains_page_break, is_first_line_centered, check_json_settings,
+check_json, is_expected_active_tab, and infeasible (in `evaluators.evaluate`). parity's own:
+normalized_match.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import re
 import zipfile
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 import docx
 import openpyxl
@@ -93,6 +95,44 @@ def check_json_settings(actual: Any, expected: dict, **options: Any) -> float:
     if not isinstance(data, dict):
         return 0.0
     return float(all(k in data and data[k] == v for k, v in expected["expected"].items()))
+
+
+def check_json(result: Any, rules: dict) -> float:
+    """The JSON file at `result` passes rules["expect"] and fails every rules["unexpect"] entry;
+    an entry is {"key": [path of keys or list indices], "method": eq|ne|re|lt|le|gt|ge|approx:TOL,
+    "ref": value}. A key path that is not in the file fails an "expect" entry."""
+    data = _read(lambda p: json.loads(_text(p)), result)
+    if data is None:
+        return 0.0
+
+    def holds(entry: dict) -> bool:
+        value = data
+        for key in entry["key"]:
+            try:
+                value = value[key]
+            except (KeyError, IndexError, TypeError):
+                return False
+        return _match_value(value, entry)
+
+    return float(all(map(holds, rules.get("expect", []))) and not any(map(holds, rules.get("unexpect", []))))
+
+
+# --- the browser ----------------------------------------------------------------------------
+
+def _same_url(a: str, b: str) -> bool:
+    """URLs equal up to the case of scheme and host and a trailing slash."""
+    pa, pb = urlsplit(a), urlsplit(b)
+    return ((pa.scheme.lower(), pa.netloc.lower(), pa.path.rstrip("/") or "/", pa.query, pa.fragment)
+            == (pb.scheme.lower(), pb.netloc.lower(), pb.path.rstrip("/") or "/", pb.query, pb.fragment))
+
+
+def is_expected_active_tab(active_tab_info: Any, rule: dict) -> float:
+    """The active tab shows rule["url"] (rule type "url"); `active_tab_info` is a URL or a dict
+    with one under "url"."""
+    if rule.get("type") != "url":
+        raise ValueError(f"is_expected_active_tab: unknown rule type {rule.get('type')!r} (known: 'url')")
+    url = active_tab_info.get("url") if isinstance(active_tab_info, dict) else active_tab_info
+    return float(isinstance(url, str) and _same_url(url, rule["url"]))
 
 
 # --- text files -----------------------------------------------------------------------------
@@ -254,6 +294,7 @@ def is_first_line_centered(docx_file: Any) -> float:
 
 METRICS: dict[str, Callable[..., float]] = {
     f.__name__: f for f in (exact_match, is_in_list, check_include_exclude, literal_match, normalized_match,
-                            check_json_settings, compare_text_file, compare_csv, compare_table,
-                            compare_docx_files, contains_page_break, is_first_line_centered)
+                            check_json_settings, check_json, is_expected_active_tab, compare_text_file,
+                            compare_csv, compare_table, compare_docx_files, contains_page_break,
+                            is_first_line_centered)
 }

@@ -77,14 +77,22 @@ class Accessibility:
 
         try:
             desktop = pyatspi.Registry.getDesktop(0)
-            for app in desktop:
-                for frame in app or ():
-                    if frame is not None and frame.name == title:
-                        rows: list[dict] = []
-                        _walk(frame, rows, pyatspi)
-                        return rows
-        except Exception:  # a dying or hung app: GLib errors of every kind, bounded by the timeout
+            # this process keeps the desktop's app list from the registry's add/remove signals;
+            # one lost while an app was killed mid-call left it empty for good (seen on docker):
+            # ask the registry afresh instead
+            desktop.clear_cache()
+            apps = list(desktop)
+        except Exception:  # the registry itself does not answer
             return None
+        for app in apps:
+            try:  # one app at a time: the last episode's killed app may still be listed, and not answer
+                frames = [f for f in app or () if f is not None and f.name == title]
+            except Exception:  # a dying or hung app: GLib errors of every kind, bounded by the timeout
+                continue
+            if frames:
+                rows: list[dict] = []
+                _walk(frames[0], rows, pyatspi)
+                return rows
         return None
 
 

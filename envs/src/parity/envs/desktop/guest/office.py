@@ -32,6 +32,10 @@ _SETTINGS = (
     ("/org.openoffice.Office.Common/AutoCorrect/SingleQuoteAtStart", "ReplaceSingleQuote", "false"),
 )
 
+VCL_PLUGIN = "gtk3"
+"""LibreOffice's toolkit plugin, chosen rather than guessed from the desktop it detects: GTK 3
+(Debian's libreoffice-gtk3) exports its widgets over AT-SPI; "gen" (plain X11) has no tree."""
+
 APP_MODULES = {"calc": "--calc", "writer": "--writer", "impress": "--impress"}
 """App names for `launch` → soffice's module switch."""
 
@@ -47,6 +51,12 @@ def with_profile(argv: list[str], profile: str) -> list[str]:
     if not argv or argv[0] not in ("libreoffice", "soffice"):
         return argv
     return ["soffice", *argv[1:], "--norestore", "--nologo", "--nolockcheck", f"-env:UserInstallation=file://{profile}"]
+
+
+def env() -> dict[str, str]:
+    """What LibreOffice needs in its environment: its toolkit plugin (if libreoffice-gtk3 is
+    missing, LibreOffice falls back to "gen" by itself and the desktop has no tree of it)."""
+    return {"SAL_USE_VCLPLUGIN": VCL_PLUGIN}
 
 
 def write_profile(profile: str) -> None:

@@ -20,7 +20,7 @@ import sys
 import time
 from ctypes import CDLL
 
-from . import atspi, office
+from . import atspi, browser, office
 from .screen import Framebuffer
 
 APPS: dict[str, list[str]] = {
@@ -31,10 +31,12 @@ APPS: dict[str, list[str]] = {
     "terminal": ["xterm", "-fa", "DejaVu Sans Mono", "-fs", "11", "-bg", "white", "-fg", "black"],
 }
 """Launchable app names → command lines (a task's `launch` may also give a full command);
-LibreOffice's names (`office.APP_MODULES`: calc, writer, impress) are added per session."""
+LibreOffice's names (`office.APP_MODULES`: calc, writer, impress) and `browser` (Firefox ESR
+with its own profile, `guest.browser`) are added per session."""
 
 _OPENERS = {".csv": "calc", ".xlsx": "calc", ".xls": "calc", ".ods": "calc", ".docx": "writer", ".doc": "writer",
-            ".odt": "writer", ".rtf": "writer", ".pptx": "impress", ".odp": "impress"}
+            ".odt": "writer", ".rtf": "writer", ".pptx": "impress", ".odp": "impress", ".html": "browser",
+            ".htm": "browser"}
 
 
 class SessionError(RuntimeError):
@@ -48,12 +50,15 @@ class Session:
         self.run_dir, self.home, self.width, self.height = run_dir, home, width, height
         self.a11y_dir = os.path.join(run_dir, "a11y")
         self.office_profile = os.path.join(run_dir, "office-profile")
-        self.apps = {**APPS, **{app: office.command(app, self.office_profile) for app in office.APP_MODULES}}
+        self.browser_profile = os.path.join(run_dir, "browser-profile")
+        self.apps = {**APPS, **{app: office.command(app, self.office_profile) for app in office.APP_MODULES},
+                     "browser": browser.command(self.browser_profile)}
         self.fb = Framebuffer(os.path.join(run_dir, "fb", "Xvfb_screen0"))
         self.env = {
             "PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "DISPLAY": ":0", "LANG": "C.UTF-8",
             "PARITY_A11Y_DIR": self.a11y_dir, "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
-            "USER": "user", "SHELL": "/bin/sh", "TERM": "xterm",
+            "USER": "user", "SHELL": "/bin/sh", "TERM": "xterm", browser.PROFILE_ENV: self.browser_profile,
+            **office.env(),
         }
         self.xvfb: subprocess.Popen | None = None
         self.wm: subprocess.Popen | None = None
@@ -130,6 +135,7 @@ class Session:
         for entry in os.listdir(self.a11y_dir):
             os.remove(os.path.join(self.a11y_dir, entry))
         office.write_profile(self.office_profile)
+        browser.write_profile(self.browser_profile, self.home)
         self._x(["xdotool", "mousemove", str(self.width - 1), str(self.height - 1)])
 
     # --- setup steps (OSWorld `config` entries) -------------------------------------------
@@ -143,8 +149,8 @@ class Session:
         """
         if not command or not all(isinstance(c, str) for c in command):
             raise SessionError(f"launch: command must be a non-empty list of strings, got {command!r}")
-        argv = [*self.apps[command[0]], *command[1:]] if command[0] in self.apps else office.with_profile(
-            command, self.office_profile)
+        argv = [*self.apps[command[0]], *command[1:]] if command[0] in self.apps else browser.with_profile(
+            office.with_profile(command, self.office_profile), self.browser_profile)
         for _ in range(attempts):
             before = set(self.windows())
             try:
@@ -167,7 +173,7 @@ class Session:
 
     def open(self, path: str) -> int:
         """Open a file or folder in its app: folders in files, spreadsheets in calc, documents in
-        writer, presentations in impress, the rest in textedit."""
+        writer, presentations in impress, web pages in the browser, the rest in textedit."""
         full = self.path(path)
         app = "files" if os.path.isdir(full) else _OPENERS.get(os.path.splitext(full)[1], "textedit")
         return self.launch([app, full])
@@ -274,7 +280,12 @@ class Session:
     def _title(self, wid: str) -> str:
         out = self._x(["xprop", "-id", wid, "_NET_WM_NAME", "WM_NAME"])
         m = re.search(r'= "(.*)"', out)
-        return m.group(1).encode("latin-1", "replace").decode("utf-8", "replace") if m else ""
+        if m is None:
+            return ""
+        try:  # UTF-8 bytes that came through as Latin-1 characters
+            return m.group(1).encode("latin-1").decode("utf-8")
+        except UnicodeError:  # already text (Firefox's "Page — Mozilla Firefox")
+            return m.group(1)
 
     def _x(self, cmd: list[str]) -> str:
         done = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=10)
