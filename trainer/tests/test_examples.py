@@ -14,7 +14,7 @@ EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.tom
 def test_examples_exist():
     names = {p.stem for p in EXAMPLES}
     assert {"smoke", "math", "long", "standard_kernels", "tis", "sequence_gate", "vcpo", "sync",
-            "lag2", "lag8", "lag64", "hf_checkpoint"} <= names
+            "lag2", "lag8", "lag64", "hf_checkpoint", "bf16"} <= names
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)

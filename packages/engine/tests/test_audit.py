@@ -8,7 +8,6 @@ import torch
 from parity.engine.audit import SCENARIOS, Auditor
 from parity.engine.shapes import random_model
 
-
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 

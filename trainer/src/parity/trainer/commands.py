@@ -54,10 +54,11 @@ def _failure(err: Exception, run_dir: Path) -> tuple[str, int]:
     from parity.envs.data import TaskDataError
     from parity.envs.preflight import EnvConfigError
     from parity.model import ModelConfigError, WeightsError
+    from parity.model.dtypes import DtypeError
     from parity.trainer.checkpoint import latest_checkpoint
 
-    bad_input = (ConfigError, FileNotFoundError, ModelConfigError, WeightsError, TaskDataError,
-                 EnvConfigError)
+    bad_input = (ConfigError, FileNotFoundError, ModelConfigError, WeightsError, DtypeError,
+                 TaskDataError, EnvConfigError)
     line = _one_line(err)
     if run_dir.is_dir():
         log = run_dir / "error.log"

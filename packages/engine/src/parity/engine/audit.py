@@ -24,7 +24,7 @@ import copy
 import random
 import tempfile
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -381,7 +381,7 @@ def _on_vllm(model: Decoder, seed: int, settings: VllmSettings) -> dict:
 
     with tempfile.TemporaryDirectory(prefix="parity-audit-") as d:
         save_model(model, d)
-        backend = VllmBackend(d, settings)
+        backend = VllmBackend(d, replace(settings, dtype=dtype_name(model.compute_dtype)))
         try:
             return {**run_audit(model, seed, backend), "vllm": backend.env["version"]}
         finally:

@@ -53,7 +53,7 @@ class VllmSettings:
     enforce_eager: bool = True  # no torch.compile: starts in seconds, not minutes
     num_threads: int = 0  # OpenMP threads, bound to cores; 0: all this process may use
     seed: int = 0
-    dtype: str = "float32"  # the learner's: what parity's load_model gives
+    dtype: str = "float32"  # the run's model.dtype: float32 or bfloat16
     batch_invariant: bool = False  # VLLM_BATCH_INVARIANT=1 (GPU kernels; see docs/vllm.md)
 
 
