@@ -153,3 +153,14 @@ def test_model_convert_bad_input(fp32_dir, tmp_path):
     assert "--dtype must be float32 or bfloat16, not 'half'" in r.stderr
     r = _convert(str(tmp_path / "nowhere"), str(tmp_path / "o"))
     assert r.returncode == 2 and "config.json: not found" in r.stderr
+
+
+def test_a_build_that_cannot_run_bf16_is_refused_naming_the_setting(monkeypatch, bf16_dir):
+    # a fault this machine cannot cause: a torch build or CPU without bf16 kernels
+    from parity.model import dtypes
+
+    monkeypatch.setattr(dtypes, "_bf16_runs", lambda: "no bf16 kernel for this CPU")
+    with pytest.raises(DtypeError, match=r"^model.dtype = 'bfloat16': this torch build cannot run "
+                                         r"bfloat16 on this CPU \(no bf16 kernel for this CPU\)$"):
+        resolve_dtype("auto", bf16_dir)
+    assert resolve_dtype("float32", bf16_dir) == torch.float32

@@ -4,15 +4,16 @@ tokens/s = generated tokens / wall time of `Engine.generate` (prefill included),
 the long-context case, whose 8192-token prompts are prefilled once before the clock starts
 (the timed run finds them in the prefix cache): it measures decode against a long KV.
 
-Each case builds one random-weight model, then runs the same requests under each kernel
-mode in turn (best of `repeats` interleaved runs, after a warm-up), so the ratio compares
-like with like on the same machine at the same moment. Each case also reports the
+Each case builds one random-weight model and a bf16 copy of it, then runs the same requests
+under each kernel mode and dtype in turn (best of `repeats` interleaved runs, after a warm-up),
+so the ratios compare like with like on the same machine at the same moment. Each case also reports the
 memory-bandwidth bound batch x bandwidth / weight bytes (`parity.engine.bandwidth`), from a
 copy benchmark run in the same process, and the fraction of it each mode reached.
 """
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass
 
@@ -24,8 +25,7 @@ from parity.engine.config import EngineConfig
 from parity.engine.engine import Engine
 from parity.engine.shapes import random_model
 from parity.model import Decoder
-from parity.model.bench import bf16_over_fp32
-from parity.model.dtypes import DTYPES, bf16_support
+from parity.model.dtypes import bf16_support
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,6 @@ class Case:
     repeats: int = 2
     tie_word_embeddings: bool = False
     warm_prefix: bool = False  # prefill once untimed; the timed run hits the prefix cache
-    dtype: str = "float32"
 
     def engine_config(self) -> EngineConfig:
         per_seq = -(-(self.prompt_len + self.new_tokens) // 16) + 1
@@ -51,10 +50,6 @@ CASES = (
          repeats=2, warm_prefix=True),
     Case("qwen2-0.5b batch 8 x 64 new", "qwen2-0.5b", batch=8, prompt_len=16, new_tokens=64,
          repeats=1, tie_word_embeddings=True),
-    Case("tiny batch 64 x 128 new, bf16", "tiny", batch=64, prompt_len=16, new_tokens=128,
-         dtype="bfloat16"),
-    Case("qwen2-0.5b batch 8 x 64 new, bf16", "qwen2-0.5b", batch=8, prompt_len=16,
-         new_tokens=64, repeats=1, tie_word_embeddings=True, dtype="bfloat16"),
 )
 
 
@@ -77,47 +72,54 @@ def _tokens_per_s(model: Decoder, case: Case, prompts: list[list[int]], params: 
 
 def run_case(case: Case, bandwidth: float, vllm: bool = False) -> dict:
     """tokens/s per kernel mode, ratio = aligned / standard, and each mode's fraction of the
-    bound batch x `bandwidth` (bytes/s) / weight bytes, for one case; with `vllm`, vLLM's
-    tokens/s on the same weights and requests too (parity.engine.vllm.bench)."""
+    bound batch x `bandwidth` (bytes/s) / weight bytes, for one case in fp32; under "bf16" the
+    same for the model held in bf16 (its bound from bf16 weight bytes) and bf16 ÷ fp32 per
+    mode, all four runs interleaved per repeat; with `vllm`, vLLM's tokens/s on the same fp32
+    weights and requests too (parity.engine.vllm.bench)."""
     overrides = {"tie_word_embeddings": True} if case.tie_word_embeddings else {}
-    model = random_model(case.shape, dtype=DTYPES[case.dtype], **overrides)
-    prompts, params = _requests(case, model.config.vocab_size)
+    models = {"float32": random_model(case.shape, **overrides)}
+    models["bfloat16"] = copy.deepcopy(models["float32"]).to(torch.bfloat16)
+    models["bfloat16"].compute_dtype = torch.bfloat16
+    prompts, params = _requests(case, models["float32"].config.vocab_size)
     warm = [SamplingParams(max_new_tokens=2, seed=0)]
-    best = {"aligned": 0.0, "standard": 0.0}
-    for mode in best:  # warm-up: OpenMP threads, RoPE table, allocator
-        model.set_kernels(mode)
-        Engine(model, case.engine_config()).generate(prompts[:1], warm)
+    runs = [(dtype, mode) for dtype in models for mode in ("aligned", "standard")]
+    best = dict.fromkeys(runs, 0.0)
+    for dtype, mode in runs:  # warm-up: OpenMP threads, RoPE table, allocator
+        models[dtype].set_kernels(mode)
+        Engine(models[dtype], case.engine_config()).generate(prompts[:1], warm)
     for _ in range(case.repeats):
-        for mode in best:
-            model.set_kernels(mode)
-            best[mode] = max(best[mode], _tokens_per_s(model, case, prompts, params))
-    model.set_kernels("aligned")
-    weight_bytes = streamed_weight_bytes(model)
-    limit = tokens_per_s_limit(case.batch, bandwidth, weight_bytes)
-    on_vllm = {}
+        for dtype, mode in runs:
+            models[dtype].set_kernels(mode)
+            best[dtype, mode] = max(best[dtype, mode], _tokens_per_s(models[dtype], case, prompts, params))
+    out: dict = {"case": case.name, "shape": case.shape, "batch": case.batch,
+                 "prompt_len": case.prompt_len, "new_tokens": case.new_tokens}
+    for dtype, model in models.items():
+        model.set_kernels("aligned")
+        weight_bytes = streamed_weight_bytes(model)
+        limit = tokens_per_s_limit(case.batch, bandwidth, weight_bytes)
+        a, s = best[dtype, "aligned"], best[dtype, "standard"]
+        into = out if dtype == "float32" else out.setdefault("bf16", {})
+        into.update({
+            "aligned_tokens_per_s": round(a, 1),
+            "standard_tokens_per_s": round(s, 1),
+            "ratio": round(a / s, 3),
+            "weight_bytes": weight_bytes,
+            "bandwidth_limit_tokens_per_s": round(limit, 1),
+            "aligned_fraction_of_limit": round(a / limit, 3),
+            "standard_fraction_of_limit": round(s / limit, 3),
+        })
+        if dtype != "float32":
+            into.update({f"{m}_over_fp32": round(best[dtype, m] / best["float32", m], 3)
+                         for m in ("aligned", "standard")})
     if vllm:
         from parity.engine.vllm.bench import vllm_tokens_per_s
 
-        tps = vllm_tokens_per_s(model, prompts, params, case.repeats, case.warm_prefix)
-        on_vllm = {"vllm_tokens_per_s": round(tps, 1),
-                   "aligned_over_vllm": round(best["aligned"] / tps, 3),
-                   "vllm_fraction_of_limit": round(tps / limit, 3)}
-    return {
-        "case": case.name,
-        "shape": case.shape,
-        "dtype": case.dtype,
-        "batch": case.batch,
-        "prompt_len": case.prompt_len,
-        "new_tokens": case.new_tokens,
-        "aligned_tokens_per_s": round(best["aligned"], 1),
-        "standard_tokens_per_s": round(best["standard"], 1),
-        "ratio": round(best["aligned"] / best["standard"], 3),
-        "weight_bytes": weight_bytes,
-        "bandwidth_limit_tokens_per_s": round(limit, 1),
-        "aligned_fraction_of_limit": round(best["aligned"] / limit, 3),
-        "standard_fraction_of_limit": round(best["standard"] / limit, 3),
-        **on_vllm,
-    }
+        limit = out["bandwidth_limit_tokens_per_s"]
+        tps = vllm_tokens_per_s(models["float32"], prompts, params, case.repeats, case.warm_prefix)
+        out.update({"vllm_tokens_per_s": round(tps, 1),
+                    "aligned_over_vllm": round(out["aligned_tokens_per_s"] / tps, 3),
+                    "vllm_fraction_of_limit": round(tps / limit, 3)})
+    return out
 
 
 def run_bench(names: list[str] | None = None, vllm: bool = False) -> dict:
@@ -134,10 +136,6 @@ def run_bench(names: list[str] | None = None, vllm: bool = False) -> dict:
         except VllmEnvError as e:
             vllm_info, vllm = str(e), False
     bandwidth = copy_bandwidth()
-    results = [run_case(c, bandwidth, vllm) for c in cases]
-    for r in results:  # cases of one shape and size differ by dtype alone
-        r["size"] = r["case"].removesuffix(", bf16")
-    ratios = bf16_over_fp32([{**r, "shape": r["size"]} for r in results])
     return {"threads": torch.get_num_threads(), "machine": machine(), "bf16_support": bf16_support(),
             "copy_bandwidth_gb_s": round(bandwidth / 1e9, 2), "vllm": vllm_info,
-            "cases": results, "bf16_over_fp32": ratios}
+            "cases": [run_case(c, bandwidth, vllm) for c in cases]}

@@ -113,8 +113,11 @@ def bench_engine(
         if "vllm_tokens_per_s" in r:
             typer.echo(f"  {'':36s} vLLM {r['vllm_tokens_per_s']:12.1f} tok/s  aligned ÷ vLLM "
                        f"{r['aligned_over_vllm']:.3f}  (vLLM {r['vllm_fraction_of_limit']:.0%} of the bound)")
-    for r in report["bf16_over_fp32"]:
-        typer.echo(f"  bf16 ÷ fp32, {r['shape']}: aligned {r['aligned_ratio']:.3f}, standard "
-                   f"{r['standard_ratio']:.3f}")
+        b = r["bf16"]
+        typer.echo(f"  {'  in bf16':36s} aligned {b['aligned_tokens_per_s']:9.1f} tok/s  "
+                   f"standard {b['standard_tokens_per_s']:9.1f} tok/s  ratio {b['ratio']:.3f}  "
+                   f"bf16 ÷ fp32: aligned {b['aligned_over_fp32']:.3f}, standard {b['standard_over_fp32']:.3f}")
+    s = report["bf16_support"]
+    typer.echo(f"CPU bf16: AVX512-BF16 {s['avx512_bf16']}, AMX {s['amx_bf16']}, oneDNN bf16 {s['onednn_bf16']}")
     if vllm and not any("vllm_tokens_per_s" in r for r in report["cases"]):
         typer.echo(f"  vLLM not timed: {report['vllm']}")

@@ -34,11 +34,10 @@ class Case:
     batch: int
     seq_len: int
     rounds: int
-    dtype: str = "float32"  # bfloat16: fp32 masters computing in bf16, as the learner runs
 
 
-CASES = [Case("tiny", 32, 128, 5), Case("qwen2-0.5b", 1, 256, 2),
-         Case("tiny", 32, 128, 5, "bfloat16"), Case("qwen2-0.5b", 1, 256, 2, "bfloat16")]
+CASES = [Case("tiny", 32, 128, 5), Case("qwen2-0.5b", 1, 256, 2)]
+DTYPE_NAMES = ("float32", "bfloat16")  # every case runs in both, interleaved round by round
 
 
 def _tokens_per_s(fn: Callable[[], None], tokens: int) -> float:
@@ -49,7 +48,8 @@ def _tokens_per_s(fn: Callable[[], None], tokens: int) -> float:
 
 @dataclass
 class _Workload:
-    """One case's model (seeded random weights) and tokens, and its two timed passes."""
+    """One case's model (seeded random fp32 weights: the learner's masters) and tokens, and
+    its two timed passes in the model's current kernels and dtype."""
 
     model: Decoder
     tokens: torch.Tensor
@@ -57,7 +57,7 @@ class _Workload:
     @classmethod
     def build(cls, case: Case, kernels: str) -> _Workload:
         torch.manual_seed(0)
-        model = Decoder(SHAPES[case.shape], kernels, dtype=DTYPES[case.dtype])
+        model = Decoder(SHAPES[case.shape], kernels)
         return cls(model, torch.randint(0, model.config.vocab_size, (case.batch, case.seq_len)))
 
     @property
@@ -74,25 +74,35 @@ class _Workload:
 
 
 def bench_case(case: Case, progress: Callable[[str], None] = lambda _: None) -> dict:
+    """tokens/s per pass, kernel mode and dtype (bf16: the fp32 masters computing in bf16, as
+    the learner runs), all four interleaved in every round; the median round of each."""
     work = _Workload.build(case, "aligned")
     model, n = work.model, work.num_tokens
     fwd_bwd, fwd = work.fwd_bwd, work.fwd
 
-    results: dict[str, dict[str, list[float]]] = {"fwd_bwd": {}, "fwd": {}}
-    for r in range(case.rounds + 1):  # round 0 warms up both modes
-        for mode in ("aligned", "standard"):
-            model.set_kernels(mode)
-            progress(f"{case.shape} round {r}/{case.rounds} {mode}")
-            for kind, fn in (("fwd_bwd", fwd_bwd), ("fwd", fwd)):
-                tps = _tokens_per_s(fn, n)
-                if r:
-                    results[kind].setdefault(mode, []).append(tps)
-    out: dict = {"shape": case.shape, "dtype": case.dtype, "batch": case.batch, "seq_len": case.seq_len,
+    results: dict[tuple[str, str, str], list[float]] = {}
+    for r in range(case.rounds + 1):  # round 0 warms up every combination
+        for dtype in DTYPE_NAMES:
+            model.compute_dtype = DTYPES[dtype]
+            for mode in ("aligned", "standard"):
+                model.set_kernels(mode)
+                progress(f"{case.shape} round {r}/{case.rounds} {mode} {dtype}")
+                for kind, fn in (("fwd_bwd", fwd_bwd), ("fwd", fwd)):
+                    tps = _tokens_per_s(fn, n)
+                    if r:
+                        results.setdefault((dtype, kind, mode), []).append(tps)
+    med = {k: statistics.median(v) for k, v in results.items()}
+    out: dict = {"shape": case.shape, "batch": case.batch, "seq_len": case.seq_len,
                  "params": sum(p.numel() for p in model.parameters()), "rounds": case.rounds}
-    for kind, per_mode in results.items():
-        a, s = statistics.median(per_mode["aligned"]), statistics.median(per_mode["standard"])
-        out[kind] = {"aligned_tokens_per_s": round(a, 1), "standard_tokens_per_s": round(s, 1),
-                     "ratio": round(a / s, 3)}
+    for dtype in DTYPE_NAMES:
+        into = out if dtype == "float32" else out.setdefault("bf16", {})
+        for kind in ("fwd_bwd", "fwd"):
+            a, s = med[(dtype, kind, "aligned")], med[(dtype, kind, "standard")]
+            into[kind] = {"aligned_tokens_per_s": round(a, 1), "standard_tokens_per_s": round(s, 1),
+                          "ratio": round(a / s, 3)}
+            if dtype != "float32":
+                into[kind].update({f"{m}_over_fp32": round(med[(dtype, kind, m)] / med[("float32", kind, m)], 3)
+                                   for m in ("aligned", "standard")})
     return out
 
 
@@ -122,34 +132,15 @@ def cnr_cost(case: Case, repeats: int = 2, progress: Callable[[str], None] = lam
             "ratio": round(on / off, 3)}
 
 
-def bf16_over_fp32(results: list[dict], passes: tuple[str, ...] = ()) -> list[dict]:
-    """Per shape measured in both dtypes: bf16 tokens/s ÷ fp32 tokens/s, per kernel mode
-    (and per pass, for results that split into `passes`)."""
-    by = {(r["shape"], r["dtype"]): r for r in results}
-    out = []
-    for (shape, dtype), bf in by.items():
-        fp = by.get((shape, "float32"))
-        if dtype != "bfloat16" or fp is None:
-            continue
-        for kind in passes or ("",):
-            a, b = (bf[kind], fp[kind]) if kind else (bf, fp)
-            out.append({"shape": shape, **({"pass": kind} if kind else {}),
-                        **{f"{m}_ratio": round(a[f"{m}_tokens_per_s"] / b[f"{m}_tokens_per_s"], 3)
-                           for m in ("aligned", "standard")}})
-    return out
-
-
 def run(shapes: list[str] | None = None, progress: Callable[[str], None] = lambda _: None) -> dict:
     from parity.model.selfcheck import machine
 
     cases = [c for c in CASES if shapes is None or c.shape in shapes]
-    results = [bench_case(c, progress) for c in cases]
     return {
         "threads": torch.get_num_threads(),
         "machine": machine(),
         "bf16_support": bf16_support(),
-        "cases": results,
-        "bf16_over_fp32": bf16_over_fp32(results, ("fwd_bwd", "fwd")),
+        "cases": [bench_case(c, progress) for c in cases],
         # the 0.5B shape would take minutes per process; the tiny one shows the GEMM setting's cost
         "mkl_strict_cnr_cost": [cnr_cost(c, progress=progress) for c in cases if c.shape == "tiny"],
     }

@@ -11,8 +11,8 @@ import typer
 def bench_learner(
     json_: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     shape: list[str] = typer.Option(
-        [], "--shape", help="Only these shapes (tiny, qwen2-0.5b); default all, each in float32 "
-        "and bfloat16."
+        [], "--shape", help="Only these shapes (tiny, qwen2-0.5b); default all. Each runs in "
+        "float32 and bfloat16, interleaved."
     ),
 ) -> None:
     """Forward+backward and forward-only tokens/s, aligned vs standard, side by side."""
@@ -30,20 +30,21 @@ def bench_learner(
     m = result["machine"]
     table = Table(title=f"learner tokens/s ({result['threads']} threads; {m['cpu']}, "
                         f"{m['torch_capability']}, MKL {m['mkl_mode']})")
-    for col in ("shape", "dtype", "tokens", "pass", "aligned", "standard", "aligned ÷ standard"):
+    for col in ("shape", "dtype", "tokens", "pass", "aligned", "standard", "aligned ÷ standard",
+                "bf16 ÷ fp32 (aligned, standard)"):
         table.add_column(col)
     for c in result["cases"]:
-        for kind in ("fwd_bwd", "fwd"):
-            r = c[kind]
-            table.add_row(c["shape"], c["dtype"], f"{c['batch']}×{c['seq_len']}", kind,
-                          f"{r['aligned_tokens_per_s']:.0f}", f"{r['standard_tokens_per_s']:.0f}",
-                          f"{r['ratio']:.3f}")
+        for dtype, rows in (("float32", c), ("bfloat16", c["bf16"])):
+            for kind in ("fwd_bwd", "fwd"):
+                r = rows[kind]
+                over = f"{r['aligned_over_fp32']:.3f}, {r['standard_over_fp32']:.3f}" if dtype != "float32" else ""
+                table.add_row(c["shape"], dtype, f"{c['batch']}×{c['seq_len']}", kind,
+                              f"{r['aligned_tokens_per_s']:.0f}", f"{r['standard_tokens_per_s']:.0f}",
+                              f"{r['ratio']:.3f}", over)
     Console().print(table)
     b = result["bf16_support"]
-    for r in result["bf16_over_fp32"]:
-        Console().print(f"bf16 ÷ fp32 on {r['shape']} {r['pass']}: aligned {r['aligned_ratio']:.3f}, "
-                        f"standard {r['standard_ratio']:.3f}  (CPU: AVX512-BF16 {b['avx512_bf16']}, "
-                        f"AMX {b['amx_bf16']})")
+    Console().print(f"CPU bf16: AVX512-BF16 {b['avx512_bf16']}, AMX {b['amx_bf16']}, "
+                    f"oneDNN bf16 {b['onednn_bf16']}")
     for c in result["mkl_strict_cnr_cost"]:
         Console().print(
             f"MKL strict CNR (parity's default), standard fwd+bwd on {c['shape']}: "
