@@ -176,9 +176,9 @@ def report(groups: list[str]) -> str:
     if "bf16" in groups:
         names = finished("bf16")
         lines += ["### bf16: aligned vs standard, TIS, the sequence gate, lag 8", "",
-                  "| run | updates | D3 peak/median | D3 mismatch median / max | D3 lag median | mismatch ÷ lag | "
+                  "| run | updates | lag mean | D3 peak/median | D3 mismatch median / max | mismatch first→last quarter (median) | D3 lag median | mismatch ÷ lag | "
                   "KL first→last quarter (median) | KL rise | reward first→last quarter | held-out before→after | gate rejected (mean) |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for n in names:
             rows, s = metrics(n), summary(n)
             mm = [r["is/d3_mismatch"] for r in rows if "is/d3_mismatch" in r]
@@ -187,8 +187,8 @@ def report(groups: list[str]) -> str:
             gate = [r.get("gate/rejected_frac", 0.0) for r in rows]
             ratio = statistics.median(mm) / lag if lag > 0 else float("nan")
             lines.append(
-                f"| {n} | {s['updates']} | {peak_over_median(rows):.2f}× | {statistics.median(mm):.3g} / {max(mm):.3g} | "
-                f"{lag:.3g} | {ratio:.2g} | {k0:.3g} → {k1:.3g} | {k1 / k0 if k0 > 0 else float('nan'):.2f}× | "
+                f"| {n} | {s['updates']} | {s.get('lag/mean/mean', 0):.2f} | {peak_over_median(rows):.2f}× | "
+                f"{statistics.median(mm):.3g} / {max(mm):.3g} | {window(rows, 'is/d3_mismatch', True):.3g} → {window(rows, 'is/d3_mismatch', False):.3g} | {lag:.3g} | {ratio:.2g} | {k0:.3g} → {k1:.3g} | {k1 / k0 if k0 > 0 else float('nan'):.2f}× | "
                 f"{window(rows, 'reward/mean', True):.2f} → {window(rows, 'reward/mean', False):.2f} | "
                 f"{s.get('heldout_success_before', float('nan')):.1%} → {s.get('heldout_success_after', float('nan')):.1%} | "
                 f"{statistics.mean(gate):.1%} |")
