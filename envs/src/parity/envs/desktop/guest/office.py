@@ -53,6 +53,14 @@ def with_profile(argv: list[str], profile: str) -> list[str]:
     return ["soffice", *argv[1:], "--norestore", "--nologo", "--nolockcheck", f"-env:UserInstallation=file://{profile}"]
 
 
+def document(argv: list[str]) -> str | None:
+    """The file an soffice command line (as `with_profile` writes it) opens, or None."""
+    if not argv or argv[0] != "soffice":
+        return None
+    files = [a for a in argv[1:] if not a.startswith("-")]
+    return files[-1] if files else None
+
+
 def env() -> dict[str, str]:
     """What LibreOffice needs in its environment: its toolkit plugin (if libreoffice-gtk3 is
     missing, LibreOffice falls back to "gen" by itself and the desktop has no tree of it)."""

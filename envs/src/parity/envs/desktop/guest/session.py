@@ -168,6 +168,13 @@ class Session:
                 continue
             if proc.poll() is not None:
                 raise SessionError(f"launch {command[0]!r}: exited with code {proc.returncode}")
+            if (doc := office.document(argv)) is not None:
+                # GTK 3 LibreOffice shows a window titled after itself first and renames it after
+                # the document once loaded; wait for that (not fatal: a dialog may come first)
+                name = os.path.basename(doc)
+                with contextlib.suppress(SessionError):
+                    self._wait(lambda name=name, proc=proc: proc.poll() is not None or any(
+                        t.startswith(name) for t in self.windows().values()), window_timeout, f"{name!r}")
             return proc.pid
         raise SessionError(f"launch {command[0]!r}: no window after {attempts} starts of {window_timeout:g} s")
 
