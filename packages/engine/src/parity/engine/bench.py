@@ -78,8 +78,7 @@ def run_case(case: Case, bandwidth: float, vllm: bool = False) -> dict:
     weights and requests too (parity.engine.vllm.bench)."""
     overrides = {"tie_word_embeddings": True} if case.tie_word_embeddings else {}
     models = {"float32": random_model(case.shape, **overrides)}
-    models["bfloat16"] = copy.deepcopy(models["float32"]).to(torch.bfloat16)
-    models["bfloat16"].compute_dtype = torch.bfloat16
+    models["bfloat16"] = copy.deepcopy(models["float32"]).cast(torch.bfloat16)
     prompts, params = _requests(case, models["float32"].config.vocab_size)
     warm = [SamplingParams(max_new_tokens=2, seed=0)]
     runs = [(dtype, mode) for dtype in models for mode in ("aligned", "standard")]

@@ -57,5 +57,4 @@ def random_model(shape: str = "tiny", kernels: str = "aligned", seed: int = 0,
             for _ in range(3):  # tied heads scale the input embeddings too: settle in a few steps
                 logits = model.logits(model(tokens, layout, DenseKV()))
                 model.lm_head_weight.mul_(LOGIT_STD / float(logits.std()))
-    model.compute_dtype = dtype
-    return model.to(dtype).eval()
+    return model.cast(dtype).eval()

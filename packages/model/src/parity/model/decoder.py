@@ -129,6 +129,11 @@ class Decoder(nn.Module):
         self.rope = RotaryTable(cfg)
         self.set_kernels(kernels)
 
+    def cast(self, dtype: torch.dtype) -> Decoder:
+        """Compute in `dtype` and hold the parameters in it (the engine's form of a model)."""
+        self.compute_dtype = dtype
+        return self.to(dtype)
+
     def set_kernels(self, mode: KernelMode | str) -> None:
         kernels = get_kernels(mode)
         if kernels.mode == "aligned":

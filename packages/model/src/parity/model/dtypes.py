@@ -17,7 +17,6 @@ import torch
 
 DtypeName = Literal["float32", "bfloat16"]
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-DtypeSetting = Literal["auto", "float32", "bfloat16"]
 
 
 class DtypeError(ValueError):

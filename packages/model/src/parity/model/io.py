@@ -128,12 +128,12 @@ def load_model(
     optimizer steps fp32 masters, the forward uses their rounding to `dtype`)."""
     directory = Path(directory)
     cfg = ModelConfig.from_pretrained(directory)
-    model = Decoder(cfg, kernels, dtype=dtype)
+    model = Decoder(cfg, kernels, dtype=dtype).to(torch.float32 if master_weights else dtype)
     tensors = _read_tensors(directory)
     _check_tensors(directory, model, tensors)
-    held = torch.float32 if master_weights else dtype
-    model.load_state_dict({key: tensors[key][0].to(held) for key in model.state_dict()})
-    return model.to(held)
+    # copied into the parameters' dtype (rounded to nearest even where it is narrower)
+    model.load_state_dict({key: tensors[key][0] for key in model.state_dict()})
+    return model
 
 
 def save_model(model: Decoder, directory: str | Path, max_shard_bytes: int = 2**31) -> None:

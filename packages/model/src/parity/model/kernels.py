@@ -99,12 +99,8 @@ def _in_fp32(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
     return op
 
 
-def _as(t: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor | None:
-    return None if t is None else t.to(like.dtype)
-
-
 def _linear_standard(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    return F.linear(x, w.to(x.dtype), _as(b, x))
+    return F.linear(x, w.to(x.dtype), None if b is None else b.to(x.dtype))
 
 
 def _linears_standard(x: torch.Tensor, parts: Sequence[Part]) -> list[torch.Tensor]:
