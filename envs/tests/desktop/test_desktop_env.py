@@ -347,6 +347,16 @@ def test_browser_shows_local_pages_only(env: DesktopEnv, task_id: str) -> None:
     assert GETTERS["browser_history"](ctx, {}) == ["file:///home/user/site/index.html"]
 
 
+@pytest.mark.parametrize("task_id", [pytest.param("browser-bookmark-page", marks=needs_apps(["firefox", "atspi"]))])
+def test_reset_observes_the_page_firefox_builds_its_tree_for_once_asked(env: DesktopEnv, task_id: str) -> None:
+    """Firefox makes a page's accessible objects on the first AT-SPI read, after its screen went
+    still: a reset reads until the tree holds still, so its first observation has the page and
+    the same task gives the same observation (gymnasium's determinism check)."""
+    trees = [env.reset(options={"task_id": task_id})[0]["accessibility_tree"] for _ in range(2)]
+    assert "document-web\tRecipes\t" in trees[0]
+    assert trees[0] == trees[1]
+
+
 @pytest.mark.parametrize("task_id", [pytest.param("calc-max", marks=needs_apps(["libreoffice_calc", "atspi"]))])
 def test_libreoffice_tree_comes_through_atspi(env: DesktopEnv, task_id: str) -> None:
     env.reset(options={"task_id": task_id})

@@ -43,6 +43,10 @@ OBS_MODES = ("a11y_tree", "screenshot", "screenshot_a11y_tree", "som")
 MAX_TEXT = 65536
 EVAL_SETTLE_S = 20.0
 """How long evaluation waits at most for the desktop to go idle (a loaded machine saves slowly)."""
+TREE_SETTLE_S, TREE_POLL_S = 5.0, 0.2
+"""At reset the tree is read until two reads `TREE_POLL_S` apart agree, for at most
+`TREE_SETTLE_S`: a starting app (Firefox, LibreOffice) fills its accessibility tree after its
+screen has gone still, and a reset must return the same observation for the same task."""
 
 
 class DesktopEnv(gym.Env):
@@ -149,7 +153,7 @@ class DesktopEnv(gym.Env):
             except DesktopRequestError as e:
                 raise RuntimeError(f"task {self.task.id}: config[{i}] ({step.get('type')}) failed: {e}") from e
         timing["setup_s"] = time.monotonic() - start
-        return self._observe("", timing), timing
+        return self._observe("", timing, settle_tree=True), timing
 
     def step(self, action: str | dict) -> tuple[dict, float, bool, bool, dict]:
         """Perform one action; the episode ends on DONE/FAIL, after max_steps, or if the desktop dies."""
@@ -243,14 +247,12 @@ class DesktopEnv(gym.Env):
 
     # --- observations ----------------------------------------------------------------------
 
-    def _observe(self, feedback: str, timing: dict) -> dict:
+    def _observe(self, feedback: str, timing: dict, settle_tree: bool = False) -> dict:
         assert self.client is not None and self.task is not None
         obs: dict[str, Any] = {"instruction": a11y.clean(self.task.instruction),
                                "feedback": a11y.clean(feedback)[:MAX_TEXT]}
         if "a11y" in self.obs_mode:
-            rows = self.client.accessibility()
-            timing["tree_s"] = self.client.last_s
-            obs["accessibility_tree"] = a11y.linearize(rows, self.a11y_max_tokens)[:MAX_TEXT]
+            obs["accessibility_tree"] = self._tree(timing, settle_tree)
         if "screenshot" in self.obs_mode or self.obs_mode == "som":
             obs["screenshot"] = self.client.screenshot()
             timing["screenshot_s"] = self.client.last_s
@@ -261,6 +263,19 @@ class DesktopEnv(gym.Env):
             obs["marks"] = marks.table(self.marks)[:MAX_TEXT]
             timing["marks_s"] = time.monotonic() - start
         return obs
+
+    def _tree(self, timing: dict, settle: bool) -> str:
+        """The linearised tree; with `settle`, the first one that two reads in a row agree on."""
+        assert self.client is not None
+        start = time.monotonic()
+        tree = a11y.linearize(self.client.accessibility(), self.a11y_max_tokens)[:MAX_TEXT]
+        while settle and time.monotonic() - start < TREE_SETTLE_S:
+            time.sleep(TREE_POLL_S)
+            tree, last = a11y.linearize(self.client.accessibility(), self.a11y_max_tokens)[:MAX_TEXT], tree
+            if tree == last:
+                break
+        timing["tree_s"] = time.monotonic() - start
+        return tree
 
     def _blank(self, feedback: str) -> dict:
         assert self.task is not None
