@@ -13,7 +13,7 @@ SPEC="$(sha256sum "$0" | cut -c1-16)"
 MIRROR="$(bash "$(dirname "$0")/debian_mirror.sh")"
 PACKAGES=python3,python3-tk,xvfb,xdotool,x11-utils,openbox,xterm,fonts-dejavu-core
 # Installed with apt in the new root: debootstrap cannot order their maintainer scripts.
-APPS="libreoffice-calc libreoffice-writer libreoffice-gtk3 pcmanfm firefox-esr dbus-daemon at-spi2-core libatk-adaptor libgail-common python3-pyatspi"
+APPS="libreoffice-calc libreoffice-writer libreoffice-gtk3 pcmanfm firefox-esr mousepad dbus-daemon at-spi2-core libatk-adaptor libgail-common python3-pyatspi"
 built="$(docker image inspect -f '{{ index .Config.Labels "parity.desktop.spec" }}' "$IMAGE" 2>/dev/null || true)"
 if [[ "${1:-}" != "--force" && "$built" == "$SPEC" ]]; then
   echo "desktop image $IMAGE already present"

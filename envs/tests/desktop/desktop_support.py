@@ -14,7 +14,7 @@ needs_desktop = pytest.mark.skipif(
                           "x11-utils openbox xterm python3-tk)")
 
 APP_BINARIES = {"libreoffice_calc": "soffice", "libreoffice_writer": "soffice", "pcmanfm": "pcmanfm",
-                "firefox": "firefox-esr", "atspi": "/usr/libexec/at-spi2-registryd"}
+                "firefox": "firefox-esr", "mousepad": "mousepad", "atspi": "/usr/libexec/at-spi2-registryd"}
 """The real applications' tasks (by related app) and the program each needs (and AT-SPI's registry)."""
 
 
@@ -26,7 +26,7 @@ def needs_apps(apps: list[str]) -> list[pytest.MarkDecorator]:
     if not missing or os.environ.get("PARITY_REQUIRE_DOCKER") == "1":
         return []
     return [pytest.mark.skip(reason=f"{missing} missing (apt-get install --no-install-recommends "
-                                    "libreoffice-calc libreoffice-writer pcmanfm firefox-esr at-spi2-core "
+                                    "libreoffice-calc libreoffice-writer pcmanfm firefox-esr mousepad at-spi2-core "
                                     "libatk-adaptor python3-pyatspi)")]
 
 

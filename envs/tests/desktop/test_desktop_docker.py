@@ -51,6 +51,7 @@ def test_docker_desktop_runs_tasks_and_is_hardened(docker_client) -> None:
         assert play(env, "pcmanfm-move", "oracle")[0] == 1.0  # and the file manager,
         assert any(r["class"] == "atspi" and r["name"] == "File" for r in env.rows())  # with its AT-SPI tree
         assert play(env, "terminal-write-answer", "wrong")[0] == 0.0
+        assert play(env, "mousepad-save-new-file", "oracle")[0] == 1.0  # the text editor, its dialog by AT-SPI
         container = env.sandbox.guest.container  # type: ignore[union-attr]
         host = container.attrs["HostConfig"]
         assert host["NetworkMode"] == "none" and host["ReadonlyRootfs"] is True

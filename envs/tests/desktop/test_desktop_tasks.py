@@ -43,9 +43,9 @@ from parity.envs.desktop.tasks import SETUP_TYPES, TaskError, guest_steps, load_
 
 def test_shipped_tasks_cover_every_app_with_oracle_and_wrong_solutions() -> None:
     tasks = load_tasks()
-    assert len(tasks) == 42
+    assert len(tasks) == 46
     apps = Counter(app for t in tasks for app in t.related_apps)
-    assert apps == {"libreoffice_calc": 9, "libreoffice_writer": 8, "pcmanfm": 5, "terminal": 4, "firefox": 5,  # real
+    assert apps == {"libreoffice_calc": 9, "libreoffice_writer": 8, "pcmanfm": 5, "terminal": 4, "firefox": 5, "mousepad": 4,  # real
                     "textedit": 4, "files": 3, "settings": 3, "sheet": 2}  # the repo's Tk apps
     for t in tasks:
         assert t.solutions["oracle"] and t.solutions["wrong"], t.id
