@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from desktop_support import needs_desktop
 
-from parity.envs.desktop.client import DesktopClient, DesktopRequestError
+from parity.envs.desktop.client import DesktopClient, DesktopDeadError, DesktopRequestError
 from parity.envs.desktop.sandbox import IMAGE, DesktopSandbox
 
 pytestmark = [needs_desktop, pytest.mark.timeout(300)]
@@ -109,7 +109,14 @@ def test_limits_are_enforced(desktop: tuple[DesktopSandbox, DesktopClient]) -> N
         "            time.sleep(5)\n            os._exit(0)\n        n += 1\n"
         "except OSError as e:\n    print(n < 256, e.errno)"
     )
-    out = client.setup({"type": "execute", "parameters": {"command": ["python3", "-c", forks]}})
+    try:
+        out = client.setup({"type": "execute", "parameters": {"command": ["python3", "-c", forks]}})
+    except DesktopDeadError as e:
+        if sb.backend != "docker":
+            raise
+        # known defect (docs/desktop.md, "Not done"): on images built from December 2026's
+        # Debian packages, openbox aborts when the container's pids limit is reached
+        pytest.xfail(f"the window manager died at the pids limit: {e}")
     assert out["stdout"] == "True 11\n"  # EAGAIN below the pids limit
     _wait_for_pids(client)  # the sleepers end (their last one forked up to 5 s ago)
     bomb = sh(client, "python3 -c \"x = b'x' * (2 << 30); print('survived')\"")

@@ -235,7 +235,8 @@ def test_bench_times_vllm_on_the_same_requests():
     r = run_case(Case("tiny 4 x 8 new", "tiny", batch=4, prompt_len=16, new_tokens=8, repeats=1),
                  bandwidth=1e10, vllm=True)
     assert r["vllm_tokens_per_s"] > 0
-    assert r["aligned_over_vllm"] == round(r["aligned_tokens_per_s"] / r["vllm_tokens_per_s"], 3)
+    # the ratio is of the unrounded vLLM figure; the reported one is rounded to 0.1 tokens/s
+    assert r["aligned_over_vllm"] == pytest.approx(r["aligned_tokens_per_s"] / r["vllm_tokens_per_s"], abs=2e-3)
 
 
 @needs_vllm
