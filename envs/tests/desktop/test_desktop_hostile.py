@@ -114,8 +114,8 @@ def test_limits_are_enforced(desktop: tuple[DesktopSandbox, DesktopClient]) -> N
     except DesktopDeadError as e:
         if sb.backend != "docker":
             raise
-        # known defect (docs/desktop.md, "Not done"): on images built from December 2026's
-        # Debian packages, openbox aborts when the container's pids limit is reached
+        # known defect (docs/desktop.md, "Not done"): openbox may abort when the container's
+        # pids limit is reached (seen when this test runs alone; the cause is not known)
         pytest.xfail(f"the window manager died at the pids limit: {e}")
     assert out["stdout"] == "True 11\n"  # EAGAIN below the pids limit
     _wait_for_pids(client)  # the sleepers end (their last one forked up to 5 s ago)

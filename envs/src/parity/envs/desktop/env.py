@@ -45,7 +45,7 @@ EVAL_SETTLE_S = 20.0
 """How long evaluation waits at most for the desktop to go idle (a loaded machine saves slowly)."""
 TREE_SETTLE_S, TREE_POLL_S = 5.0, 0.2
 """At reset the tree is read until two reads `TREE_POLL_S` apart agree, for at most
-`TREE_SETTLE_S`: a starting app (Firefox, LibreOffice) fills its accessibility tree after its
+`TREE_SETTLE_S`: Firefox builds a page's accessible objects only when first asked, after its
 screen has gone still, and a reset must return the same observation for the same task."""
 
 
