@@ -330,6 +330,19 @@ def test_real_app_tree_comes_through_atspi(env: DesktopEnv, task_id: str) -> Non
     assert [r["description"] for r in env.rows() if r["tag"] == "icon" and r["text"] == "draft.txt"] == ["selected"]
 
 
+@pytest.mark.parametrize("task_id", [pytest.param("pcmanfm-rename", marks=needs_apps(["pcmanfm", "atspi"]))])
+def test_a_desktop_that_lost_its_tree_is_replaced_at_reset(env: DesktopEnv, task_id: str) -> None:
+    env.reset(options={"task_id": task_id})
+    old = env.sandbox
+    for bus in ("at-spi-bus-launcher", "accessibility.conf"):  # the AT-SPI bus and its launcher
+        os.kill(guest_pid(old.guest.pid, bus), signal.SIGKILL)  # type: ignore[union-attr]
+    obs, _ = env.reset(options={"task_id": task_id})
+    assert env.sandbox is not old and not old.running()  # type: ignore[union-attr]
+    assert env.last_timing["sandbox_s"] > 0
+    assert "\tdraft.txt\t" in obs["accessibility_tree"]
+    assert play(env, task_id, "oracle")[0] == 1.0
+
+
 @pytest.mark.parametrize("task_id", [pytest.param("browser-follow-link", marks=needs_apps(["firefox", "atspi"]))])
 def test_browser_shows_local_pages_only(env: DesktopEnv, task_id: str) -> None:
     obs, _ = env.reset(options={"task_id": task_id})

@@ -12,7 +12,8 @@ see `actions`. In "som" mode an action may name a mark of the last observation (
 mark whose element is no longer on screen is refused with feedback. An invalid action costs a step and returns feedback, never an exception.
 Reward: the task's evaluator score in [0, 1], given once when the episode ends (DONE, FAIL,
 or `max_steps`). If the desktop dies (X server, sandbox), the episode terminates with reward 0
-and `info["failure"]`; the next reset starts a fresh sandbox.
+and `info["failure"]`; the next reset starts a fresh sandbox. A reset whose real app shows no
+accessibility tree (AT-SPI lost it) replaces the desktop once, then raises DesktopDeadError.
 `env.last_timing` after each step holds parse_s, action_s, settle_s, screenshot_s, tree_s,
 eval_s and step_s (seconds); after reset it holds sandbox_s, reset_s, setup_s, screenshot_s,
 tree_s. (Not in `info`: gymnasium's checker requires info to be deterministic.)
@@ -47,6 +48,10 @@ TREE_SETTLE_S, TREE_POLL_S = 5.0, 0.2
 """At reset the tree is read until two reads `TREE_POLL_S` apart agree, for at most
 `TREE_SETTLE_S`: Firefox builds a page's accessible objects only when first asked, after its
 screen has gone still, and a reset must return the same observation for the same task."""
+TREE_APPS = frozenset({"libreoffice_calc", "libreoffice_writer", "pcmanfm", "firefox", "mousepad"})
+"""Real apps that export their widgets through AT-SPI: a reset whose task's first app is one of
+them and whose tree has no AT-SPI row has lost the desktop's tree (the registry died or forgot
+its apps), and the desktop is replaced."""
 
 
 class DesktopEnv(gym.Env):
@@ -86,6 +91,7 @@ class DesktopEnv(gym.Env):
         self.action_space = spaces.Text(max_length=4096, charset=frozenset(a11y.PRINTABLE), min_length=0)
         self.sandbox: DesktopSandbox | None = None
         self.client: DesktopClient | None = None
+        self.atspi = False  # whether the desktop runs AT-SPI (real apps' trees)
         self.task: Task | None = None
         self.steps = 0
         self.done = True
@@ -98,6 +104,7 @@ class DesktopEnv(gym.Env):
         self._drop_desktop()
         self.sandbox = DesktopSandbox(self.backend, self.limits)
         self.client = DesktopClient(self.sandbox.socket)
+        self.atspi = bool(self.client.health().get("atspi"))
 
     def _drop_desktop(self) -> None:
         if self.client is not None:
@@ -265,16 +272,23 @@ class DesktopEnv(gym.Env):
         return obs
 
     def _tree(self, timing: dict, settle: bool) -> str:
-        """The linearised tree; with `settle`, the first one that two reads in a row agree on."""
-        assert self.client is not None
+        """The linearised tree; with `settle` (at reset), the first one that two reads in a row
+        agree on, and a DesktopDeadError if the task's app has lost its tree."""
+        assert self.client is not None and self.task is not None
         start = time.monotonic()
-        tree = a11y.linearize(self.client.accessibility(), self.a11y_max_tokens)[:MAX_TEXT]
+        rows = self.client.accessibility()
+        tree = a11y.linearize(rows, self.a11y_max_tokens)[:MAX_TEXT]
         while settle and time.monotonic() - start < TREE_SETTLE_S:
             time.sleep(TREE_POLL_S)
-            tree, last = a11y.linearize(self.client.accessibility(), self.a11y_max_tokens)[:MAX_TEXT], tree
+            rows, last = self.client.accessibility(), tree
+            tree = a11y.linearize(rows, self.a11y_max_tokens)[:MAX_TEXT]
             if tree == last:
                 break
         timing["tree_s"] = time.monotonic() - start
+        app = self.task.related_apps[0] if self.task.related_apps else None
+        if settle and self.atspi and app in TREE_APPS and not any(r["class"] == "atspi" for r in rows):
+            raise DesktopDeadError(f"task {self.task.id}: {app}'s window has no accessibility tree "
+                                   "(AT-SPI answers for none of it)")
         return tree
 
     def _blank(self, feedback: str) -> dict:

@@ -1,6 +1,6 @@
 """The control server: HTTP on a unix socket inside the sandbox, one desktop behind it.
 
-    GET  /health            {"ok": true} or 503 {"error": why the desktop is dead}
+    GET  /health            {"ok": true, "atspi": whether AT-SPI runs} or 503 {"error": why the desktop is dead}
     GET  /screenshot        PNG (?format=raw: RGB bytes, size in X-Width / X-Height)
     GET  /accessibility     {"rows": [{tag, name, text, class, description, x, y, w, h}, ...]}
     GET  /windows           {"active": title or null, "titles": [top first]}
@@ -150,7 +150,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         url = urlparse(self.path)
-        routes = {"/health": lambda: {"ok": True}, "/accessibility": self.desktop.accessibility,
+        routes = {"/health": lambda: {"ok": True, "atspi": self.desktop.session.atspi is not None},
+                  "/accessibility": self.desktop.accessibility,
                   "/windows": self.desktop.windows}
         if url.path == "/screenshot":
             self._screenshot(parse_qs(url.query).get("format", ["png"])[0])
