@@ -136,6 +136,37 @@ def test_remove_stale_containers() -> None:
     assert not client.containers.list(all=True, filters={"id": stale.id})
 
 
+@pytest.mark.docker
+@pytest.mark.usefixtures("docker_ready")
+def test_remove_stale_containers_survives_a_container_removed_while_listing() -> None:
+    import os
+    import socket
+
+    from parity.sandboxes.docker_backend import (
+        DEFAULT_IMAGE,
+        LABEL,
+        docker_client,
+        remove_stale_containers,
+    )
+
+    client = docker_client()
+    labels = {LABEL: "1", f"{LABEL}.owner": f"{socket.gethostname()}:{os.getpid()}"}  # a live owner
+    other = client.containers.create(DEFAULT_IMAGE, ["sleep", "1000"], labels=labels, network_mode="none")
+    listing = client.api.containers
+
+    def listed_then_closed(*args, **kwargs):  # another owner closes its sandbox right after the listing
+        rows = listing(*args, **kwargs)
+        assert other.id in {r["Id"] for r in rows}
+        other.remove(force=True)
+        return rows
+
+    client.api.containers = listed_then_closed
+    try:
+        assert remove_stale_containers(client) == 0
+    finally:
+        client.api.containers = listing
+
+
 def test_background_process_holding_the_pipes_does_not_stall_the_call(sb: Sandbox) -> None:
     r = sb.run(["sh", "-c", "sleep 100 & echo started"], timeout_s=30)
     assert (r.exit_code, r.stdout, r.timed_out) == (0, "started\n", False)

@@ -228,10 +228,12 @@ def remove_stale_containers(client: Any = None) -> int:
     client = client or docker_client()
     host = socket.gethostname()
     removed = 0
-    for container in client.containers.list(all=True, filters={"label": f"{LABEL}=1"}):
-        owner_host, _, pid = container.labels.get(f"{LABEL}.owner", ":").partition(":")
+    # the listing's own labels, not `containers.list`, which inspects each container and fails
+    # on one that another owner's close removed meanwhile (seen with 8+ desktops starting at once)
+    for row in client.api.containers(all=True, filters={"label": f"{LABEL}=1"}):
+        owner_host, _, pid = (row.get("Labels") or {}).get(f"{LABEL}.owner", ":").partition(":")
         if owner_host == host and pid.isdigit() and not _pid_alive(int(pid)):
-            container.remove(force=True)
+            remove_container(client.containers.prepare_model(row))
             removed += 1
     return removed
 
