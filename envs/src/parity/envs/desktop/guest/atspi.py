@@ -21,6 +21,9 @@ REGISTRY = "/usr/libexec/at-spi2-registryd"
 MAX_NODES = 600
 CALL_TIMEOUT_MS = 500
 _STATES = ("focused", "selected", "checked")
+_MENUS = frozenset({"menu", "combo-box"})
+"""Roles whose children are not walked while closed (their items are not showing, and listing
+them makes LibreOffice build an accessible object for every item: most of its tree's time)."""
 _CONTAINERS = frozenset({"frame", "filler", "panel", "scroll-pane", "viewport", "split-pane", "layered-pane"})
 """Roles left out of the rows (their children are kept): the window row already says "frame"."""
 
@@ -113,7 +116,9 @@ def _walk(node: object, rows: list[dict], pyatspi: object) -> None:
             except NotImplementedError:  # no Text interface: one D-Bus call fewer than asking first
                 text = ""
             flags = [s for s in _STATES if states.contains(getattr(pyatspi, f"STATE_{s.upper()}"))]
-            children = [] if states.contains(pyatspi.STATE_MANAGES_DESCENDANTS) else list(acc)
+            closed = role in _MENUS and not states.contains(pyatspi.STATE_EXPANDED) \
+                and not states.contains(pyatspi.STATE_SELECTED)
+            children = [] if closed or states.contains(pyatspi.STATE_MANAGES_DESCENDANTS) else list(acc)
         except Exception:
             continue  # the node went away meanwhile
         if box.width > 0 and box.height > 0 and role not in _CONTAINERS:
