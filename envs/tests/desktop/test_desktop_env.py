@@ -383,3 +383,22 @@ def test_libreoffice_tree_comes_through_atspi(env: DesktopEnv, task_id: str) -> 
     env.step("pyautogui.press('right')")
     env.step("pyautogui.press('down', presses=4)")
     assert [r["text"] for r in env.rows() if r["tag"] == "text" and r["y"] < 200 and r["text"] in ("A1", "B5")] == ["B5"]
+
+
+@pytest.mark.parametrize("tasks", [pytest.param(["files-rename", "mousepad-append-line"], marks=needs_apps(["mousepad"]))])
+def test_bench_desktop_times_each_phase_per_app_and_each_concurrency_level(tasks: list[str]) -> None:
+    from parity.envs.desktop.bench import PHASES, run_benchmark
+
+    r = run_benchmark("local", levels=(2,), office_levels=(), real_levels=(1,), task_ids=tasks)
+    s = r["settle"]
+    assert (s["episodes"], s["success_rate"], list(r["by_app"])) == (2, 1.0, ["files", "mousepad"])
+    steps = sum(len(t.solutions["oracle"]) + 1 for t in load_tasks() if t.id in tasks)  # + DONE
+    assert s["steps"] == steps and sum(s["breakdown_share"][p] for p in PHASES) == pytest.approx(1.0, abs=0.02)
+    assert all(a["reset_p50_s"] > 0 and a["breakdown_mean_s"]["settle_s"] > 0 for a in r["by_app"].values())
+    assert r["fixed_sleep"]["tasks"] == ["files-rename"] and r["fixed_sleep"]["step_p50_s"] >= 2.0
+    (light,) = r["concurrency"]
+    assert (light["desktops"], light["success_rate"], r["office_concurrency"]) == (2, 1.0, [])
+    assert r["real_concurrency"]["tasks"] == ["mousepad-append-line"]
+    assert r["real_concurrency"]["levels"][0]["success_rate"] == 1.0 and r["errors"] == []
+    fits = {k: r[f"max_concurrent{k}_desktops_within_budget"] for k in ("", "_office", "_real")}
+    assert fits[""] in (0, 2) and fits["_office"] == 0 and fits["_real"] in (0, 1)

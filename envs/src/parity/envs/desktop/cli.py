@@ -33,10 +33,14 @@ def bench_desktop(
                        f"{p[:-2]} {a['breakdown_mean_s'][p] * 1e3:.0f} ms" for p in PHASES))
     typer.echo(f"  OSWorld-style fixed {f['sleep_s']:g} s sleep: step p50 {f['step_p50_s']:.2f} s = "
                f"{f['step_p50_ratio_vs_settle']:.1f}x the settle-until-stable step")
-    for c in [*r["concurrency"], *({**c, "desktops": f"{c['desktops']} office"} for c in r["office_concurrency"])]:
+    for c in [*r["concurrency"], *({**c, "desktops": f"{c['desktops']} office"} for c in r["office_concurrency"]),
+              *({**c, "desktops": f"{c['desktops']} real-app"} for c in r["real_concurrency"]["levels"])]:
         rss = f"{c['rss_mb_per_desktop']:.0f} MB" if c["rss_mb_per_desktop"] else "n/a"
         typer.echo(f"  {c['desktops']} desktops at once: step p50 {c['step_p50_s'] * 1e3:.0f} ms, "
                    f"p99 {c['step_p99_s'] * 1e3:.0f} ms, {c['steps_per_s']:.1f} steps/s, "
                    f"success {c['success_rate']:.2f}, {rss} each"
                    + (f"; first error: {c['errors'][0]}" if c["errors"] else ""))
-    typer.echo(f"  desktops within a {r['p99_budget_s']:g} s step p99: {r['max_concurrent_desktops_within_budget']}")
+    typer.echo(f"  desktops within a {r['p99_budget_s']:g} s step p99: {r['max_concurrent_desktops_within_budget']} "
+               f"(Tk apps), {r['max_concurrent_office_desktops_within_budget']} (LibreOffice), "
+               f"{r['max_concurrent_real_desktops_within_budget']} (Mousepad and Firefox: "
+               f"{', '.join(r['real_concurrency']['tasks'])})")
