@@ -13,34 +13,40 @@ def bench_desktop(
 ) -> None:
     """Desktop step latency p50/p99 and its breakdown, reset time, settle vs fixed sleep, and
     how many desktops run at once on this machine."""
-    from parity.envs.desktop.bench import PHASES, run_benchmark
+    from parity.envs.desktop.bench import run_benchmark
 
     r = run_benchmark(backend)
-    if json_:
-        typer.echo(json.dumps(r, indent=2))
-        return
+    typer.echo(json.dumps(r, indent=2) if json_ else report(r))
+
+
+def report(r: dict) -> str:
+    """The text `parity bench desktop` prints for a result of `run_benchmark`."""
+    from parity.envs.desktop.bench import PHASES
+
+    lines: list[str] = []
     s, f = r["settle"], r["fixed_sleep"]
-    typer.echo(f"desktop ({r['backend']}, {r['cpus']} CPUs, {r['screen']}, {r['obs_mode']}): "
-               f"{s['episodes']} oracle episodes, {s['steps']} steps, success {s['success_rate']:.2f}")
-    typer.echo(f"  step p50 {s['step_p50_s'] * 1e3:.0f} ms, p99 {s['step_p99_s'] * 1e3:.0f} ms; "
-               f"reset p50 {s['reset_p50_s'] * 1e3:.0f} ms, p99 {s['reset_p99_s'] * 1e3:.0f} ms; "
-               f"cold start {r['cold_start_s']:.2f} s")
-    typer.echo("  where a step goes: " + ", ".join(
+    lines.append(f"desktop ({r['backend']}, {r['cpus']} CPUs, {r['screen']}, {r['obs_mode']}): "
+                 f"{s['episodes']} oracle episodes, {s['steps']} steps, success {s['success_rate']:.2f}")
+    lines.append(f"  step p50 {s['step_p50_s'] * 1e3:.0f} ms, p99 {s['step_p99_s'] * 1e3:.0f} ms; "
+                 f"reset p50 {s['reset_p50_s'] * 1e3:.0f} ms, p99 {s['reset_p99_s'] * 1e3:.0f} ms; "
+                 f"cold start {r['cold_start_s']:.2f} s")
+    lines.append("  where a step goes: " + ", ".join(
         f"{p[:-2]} {s['breakdown_mean_s'][p] * 1e3:.0f} ms ({s['breakdown_share'][p]:.0%})" for p in PHASES))
     for app, a in r["by_app"].items():
-        typer.echo(f"  {app}: {a['episodes']} episodes, step p50 {a['step_p50_s'] * 1e3:.0f} ms, p99 "
-                   f"{a['step_p99_s'] * 1e3:.0f} ms, reset p50 {a['reset_p50_s']:.2f} s; " + ", ".join(
+        lines.append(f"  {app}: {a['episodes']} episodes, step p50 {a['step_p50_s'] * 1e3:.0f} ms, p99 "
+                     f"{a['step_p99_s'] * 1e3:.0f} ms, reset p50 {a['reset_p50_s']:.2f} s; " + ", ".join(
                        f"{p[:-2]} {a['breakdown_mean_s'][p] * 1e3:.0f} ms" for p in PHASES))
-    typer.echo(f"  OSWorld-style fixed {f['sleep_s']:g} s sleep: step p50 {f['step_p50_s']:.2f} s = "
-               f"{f['step_p50_ratio_vs_settle']:.1f}x the settle-until-stable step")
+    lines.append(f"  OSWorld-style fixed {f['sleep_s']:g} s sleep: step p50 {f['step_p50_s']:.2f} s = "
+                 f"{f['step_p50_ratio_vs_settle']:.1f}x the settle-until-stable step")
     for c in [*r["concurrency"], *({**c, "desktops": f"{c['desktops']} office"} for c in r["office_concurrency"]),
               *({**c, "desktops": f"{c['desktops']} real-app"} for c in r["real_concurrency"]["levels"])]:
         rss = f"{c['rss_mb_per_desktop']:.0f} MB" if c["rss_mb_per_desktop"] else "n/a"
-        typer.echo(f"  {c['desktops']} desktops at once: step p50 {c['step_p50_s'] * 1e3:.0f} ms, "
-                   f"p99 {c['step_p99_s'] * 1e3:.0f} ms, {c['steps_per_s']:.1f} steps/s, "
-                   f"success {c['success_rate']:.2f}, {rss} each"
-                   + (f"; first error: {c['errors'][0]}" if c["errors"] else ""))
-    typer.echo(f"  desktops within a {r['p99_budget_s']:g} s step p99: {r['max_concurrent_desktops_within_budget']} "
-               f"(Tk apps), {r['max_concurrent_office_desktops_within_budget']} (LibreOffice), "
-               f"{r['max_concurrent_real_desktops_within_budget']} (Mousepad and Firefox: "
-               f"{', '.join(r['real_concurrency']['tasks'])})")
+        lines.append(f"  {c['desktops']} desktops at once: step p50 {c['step_p50_s'] * 1e3:.0f} ms, "
+                     f"p99 {c['step_p99_s'] * 1e3:.0f} ms, {c['steps_per_s']:.1f} steps/s, "
+                     f"success {c['success_rate']:.2f}, {rss} each"
+                     + (f"; first error: {c['errors'][0]}" if c["errors"] else ""))
+    lines.append(f"  desktops within a {r['p99_budget_s']:g} s step p99: {r['max_concurrent_desktops_within_budget']} "
+                 f"(Tk apps), {r['max_concurrent_office_desktops_within_budget']} (LibreOffice), "
+                 f"{r['max_concurrent_real_desktops_within_budget']} (Mousepad and Firefox: "
+                 f"{', '.join(r['real_concurrency']['tasks'])})")
+    return "\n".join(lines)
