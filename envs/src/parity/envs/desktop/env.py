@@ -258,38 +258,37 @@ class DesktopEnv(gym.Env):
         assert self.client is not None and self.task is not None
         obs: dict[str, Any] = {"instruction": a11y.clean(self.task.instruction),
                                "feedback": a11y.clean(feedback)[:MAX_TEXT]}
+        rows = self._rows(timing, settle_tree) if "a11y" in self.obs_mode or self.obs_mode == "som" else []
         if "a11y" in self.obs_mode:
-            obs["accessibility_tree"] = self._tree(timing, settle_tree)
+            obs["accessibility_tree"] = a11y.linearize(rows, self.a11y_max_tokens)[:MAX_TEXT]
         if "screenshot" in self.obs_mode or self.obs_mode == "som":
             obs["screenshot"] = self.client.screenshot()
             timing["screenshot_s"] = self.client.last_s
         if self.obs_mode == "som":
             start = time.monotonic()
-            self.marks = marks.marks_of(self.client.accessibility())
+            self.marks = marks.marks_of(rows)
             obs["screenshot"] = marks.draw(obs["screenshot"], self.marks)
             obs["marks"] = marks.table(self.marks)[:MAX_TEXT]
             timing["marks_s"] = time.monotonic() - start
         return obs
 
-    def _tree(self, timing: dict, settle: bool) -> str:
-        """The linearised tree; with `settle` (at reset), the first one that two reads in a row
+    def _rows(self, timing: dict, settle: bool) -> list[dict]:
+        """The accessibility rows; with `settle` (at reset), the first that two reads in a row
         agree on, and a DesktopDeadError if the task's app has lost its tree."""
         assert self.client is not None and self.task is not None
         start = time.monotonic()
         rows = self.client.accessibility()
-        tree = a11y.linearize(rows, self.a11y_max_tokens)[:MAX_TEXT]
         while settle and time.monotonic() - start < TREE_SETTLE_S:
             time.sleep(TREE_POLL_S)
-            rows, last = self.client.accessibility(), tree
-            tree = a11y.linearize(rows, self.a11y_max_tokens)[:MAX_TEXT]
-            if tree == last:
+            rows, last = self.client.accessibility(), rows
+            if rows == last:
                 break
         timing["tree_s"] = time.monotonic() - start
         app = self.task.related_apps[0] if self.task.related_apps else None
         if settle and self.atspi and app in TREE_APPS and not any(r["class"] == "atspi" for r in rows):
             raise DesktopDeadError(f"task {self.task.id}: {app}'s window has no accessibility tree "
                                    "(AT-SPI answers for none of it)")
-        return tree
+        return rows
 
     def _blank(self, feedback: str) -> dict:
         assert self.task is not None
