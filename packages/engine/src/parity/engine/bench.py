@@ -9,23 +9,33 @@ under each kernel mode and dtype in turn (best of `repeats` interleaved runs, af
 so the ratios compare like with like on the same machine at the same moment. Each case also reports the
 memory-bandwidth bound batch x bandwidth / weight bytes (`parity.engine.bandwidth`), from a
 copy benchmark run in the same process, and the fraction of it each mode reached.
+
+The multi-turn case (`MultiTurnCase`) measures latency instead: concurrent episodes whose every
+turn prompts with the whole conversation so far plus a new observation, one `generate` call per
+turn, so the prefix cache serves the earlier turns and only the new tokens are prefilled.
 """
 
 from __future__ import annotations
 
 import copy
+import statistics
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 import torch
 
-from parity.core.types import SamplingParams
+from parity.core.types import Completion, SamplingParams
 from parity.engine.bandwidth import copy_bandwidth, streamed_weight_bytes, tokens_per_s_limit
 from parity.engine.config import EngineConfig
 from parity.engine.engine import Engine
 from parity.engine.shapes import random_model
 from parity.model import Decoder
 from parity.model.dtypes import bf16_support
+
+MODES = ("aligned", "standard")
+BLOCK_SIZE = EngineConfig.block_size  # the prefix cache's unit: only full blocks are reused
 
 
 @dataclass(frozen=True)
@@ -40,24 +50,111 @@ class Case:
     warm_prefix: bool = False  # prefill once untimed; the timed run hits the prefix cache
 
     def engine_config(self) -> EngineConfig:
-        per_seq = -(-(self.prompt_len + self.new_tokens) // 16) + 1
+        per_seq = -(-(self.prompt_len + self.new_tokens) // BLOCK_SIZE) + 1
         return EngineConfig(kv_blocks=self.batch * per_seq, max_batch_tokens=2048, max_seqs=self.batch)
 
 
-CASES = (
+@dataclass(frozen=True)
+class MultiTurnCase:
+    """`episodes` concurrent episodes of `turns` turns (at least 2). Turn 0 prompts with one
+    observation of `observation_len` random token ids; turn k with turn k-1's prompt, the
+    `new_tokens` it generated and a new observation. Every turn is one batched `generate` of
+    all episodes (its latency: that call's wall time); a run starts on a fresh engine."""
+
+    name: str
+    shape: str
+    episodes: int
+    turns: int
+    observation_len: int
+    new_tokens: int
+    repeats: int = 1
+    tie_word_embeddings: bool = False
+
+    def __post_init__(self) -> None:
+        if self.turns < 2:
+            raise ValueError(f"MultiTurnCase.turns must be >= 2 (turn 1 is the first to hit the "
+                             f"prefix cache), got {self.turns}")
+
+    @property
+    def context_len(self) -> int:
+        """Tokens of an episode at its end: every observation and every generated token."""
+        return self.turns * (self.observation_len + self.new_tokens)
+
+    def engine_config(self) -> EngineConfig:
+        """Room for every block an episode allocates over its turns (at most its context's
+        blocks plus one partial block per turn), so no cached block is ever evicted."""
+        per_seq = -(-self.context_len // BLOCK_SIZE) + self.turns
+        return EngineConfig(kv_blocks=self.episodes * per_seq, max_batch_tokens=2048,
+                            max_seqs=self.episodes)
+
+
+CASES: tuple[Case, ...] = (
     Case("tiny batch 64 x 128 new", "tiny", batch=64, prompt_len=16, new_tokens=128),
     Case("tiny long context 8192 + 64 new", "tiny", batch=4, prompt_len=8192, new_tokens=64,
          repeats=2, warm_prefix=True),
     Case("qwen2-0.5b batch 8 x 64 new", "qwen2-0.5b", batch=8, prompt_len=16, new_tokens=64,
          repeats=1, tie_word_embeddings=True),
 )
+"""The default set."""
+
+ON_REQUEST: tuple[MultiTurnCase, ...] = (
+    MultiTurnCase("tiny multi-turn 4 x 16 turns x (992 + 32 new)", "tiny", episodes=4, turns=16,
+                  observation_len=992, new_tokens=32),
+)
+"""Cases run only when a name filter selects them: too slow for the default set (the one here
+took 19 minutes before vLLM's side on 2 loaded cores)."""
+
+
+def _params(batch: int, new_tokens: int) -> list[SamplingParams]:
+    """Request i samples at temperature 1 with seed i, exactly `new_tokens` tokens (no stop)."""
+    return [SamplingParams(temperature=1.0, max_new_tokens=new_tokens, seed=i) for i in range(batch)]
 
 
 def _requests(case: Case, vocab: int) -> tuple[list[list[int]], list[SamplingParams]]:
     g = torch.Generator().manual_seed(0)
     prompts = torch.randint(0, vocab, (case.batch, case.prompt_len), generator=g).tolist()
-    params = [SamplingParams(temperature=1.0, max_new_tokens=case.new_tokens, seed=i) for i in range(case.batch)]
-    return prompts, params
+    return prompts, _params(case.batch, case.new_tokens)
+
+
+def observations(case: MultiTurnCase, vocab: int, seed: int) -> list[list[list[int]]]:
+    """[episode][turn]: the observation token ids that turn appends, drawn from `seed`."""
+    g = torch.Generator().manual_seed(seed)
+    shape = (case.episodes, case.turns, case.observation_len)
+    return torch.randint(0, vocab, shape, generator=g).tolist()
+
+
+def _models(shape: str, tie_word_embeddings: bool) -> dict[str, Decoder]:
+    """The shape's random fp32 model ("float32") and a bf16 copy of it ("bfloat16")."""
+    overrides = {"tie_word_embeddings": True} if tie_word_embeddings else {}
+    models = {"float32": random_model(shape, **overrides)}
+    models["bfloat16"] = copy.deepcopy(models["float32"]).cast(torch.bfloat16)
+    return models
+
+
+T = TypeVar("T")
+
+
+def _interleaved(models: dict[str, Decoder], config: EngineConfig, warm_prompt: list[int],
+                 repeats: int, measure: Callable[[Decoder, int], T],
+                 score: Callable[[T], float]) -> dict[tuple[str, str], T]:
+    """Per (dtype, mode), the highest-`score` of `repeats` results of `measure(model, repeat)`,
+    the runs of every (dtype, mode) interleaved in each repeat, after a warm-up generate of
+    `warm_prompt` in each (OpenMP threads, RoPE table, allocator); leaves the models aligned."""
+    runs = [(dtype, mode) for dtype in models for mode in MODES]
+    warm = [SamplingParams(max_new_tokens=2, seed=0)]
+    for dtype, mode in runs:
+        models[dtype].set_kernels(mode)
+        Engine(models[dtype], config).generate([warm_prompt], warm)
+    best: dict[tuple[str, str], T] = {}
+    for r in range(repeats):
+        for dtype, mode in runs:
+            models[dtype].set_kernels(mode)
+            result = measure(models[dtype], r)
+            if (dtype, mode) not in best or score(result) > score(best[dtype, mode]):
+                best[dtype, mode] = result
+    for model in models.values():
+        model.set_kernels("aligned")
+    return best
 
 
 def _tokens_per_s(model: Decoder, case: Case, prompts: list[list[int]], params: list[SamplingParams]) -> float:
@@ -76,24 +173,13 @@ def run_case(case: Case, bandwidth: float, vllm: bool = False) -> dict:
     same for the model held in bf16 (its bound from bf16 weight bytes) and bf16 ÷ fp32 per
     mode, all four runs interleaved per repeat; with `vllm`, vLLM's tokens/s on the same fp32
     weights and requests too (parity.engine.vllm.bench)."""
-    overrides = {"tie_word_embeddings": True} if case.tie_word_embeddings else {}
-    models = {"float32": random_model(case.shape, **overrides)}
-    models["bfloat16"] = copy.deepcopy(models["float32"]).cast(torch.bfloat16)
+    models = _models(case.shape, case.tie_word_embeddings)
     prompts, params = _requests(case, models["float32"].config.vocab_size)
-    warm = [SamplingParams(max_new_tokens=2, seed=0)]
-    runs = [(dtype, mode) for dtype in models for mode in ("aligned", "standard")]
-    best = dict.fromkeys(runs, 0.0)
-    for dtype, mode in runs:  # warm-up: OpenMP threads, RoPE table, allocator
-        models[dtype].set_kernels(mode)
-        Engine(models[dtype], case.engine_config()).generate(prompts[:1], warm)
-    for _ in range(case.repeats):
-        for dtype, mode in runs:
-            models[dtype].set_kernels(mode)
-            best[dtype, mode] = max(best[dtype, mode], _tokens_per_s(models[dtype], case, prompts, params))
+    best = _interleaved(models, case.engine_config(), prompts[0], case.repeats,
+                        lambda m, _: _tokens_per_s(m, case, prompts, params), score=float)
     out: dict = {"case": case.name, "shape": case.shape, "batch": case.batch,
                  "prompt_len": case.prompt_len, "new_tokens": case.new_tokens}
     for dtype, model in models.items():
-        model.set_kernels("aligned")
         weight_bytes = streamed_weight_bytes(model)
         limit = tokens_per_s_limit(case.batch, bandwidth, weight_bytes)
         a, s = best[dtype, "aligned"], best[dtype, "standard"]
@@ -109,7 +195,7 @@ def run_case(case: Case, bandwidth: float, vllm: bool = False) -> dict:
         })
         if dtype != "float32":
             into.update({f"{m}_over_fp32": round(best[dtype, m] / best["float32", m], 3)
-                         for m in ("aligned", "standard")})
+                         for m in MODES})
     if vllm:
         from parity.engine.vllm.bench import vllm_tokens_per_s
 
@@ -121,13 +207,98 @@ def run_case(case: Case, bandwidth: float, vllm: bool = False) -> dict:
     return out
 
 
+class RolloutBackend(Protocol):
+    """What drives an episode: the parity engine, or vLLM's backend (`generate`, and the
+    running count of prompt tokens its prefix cache served)."""
+
+    @property
+    def num_cached_tokens(self) -> int: ...
+
+    def generate(self, prompts: Sequence[Sequence[int]],
+                 sampling: Sequence[SamplingParams]) -> list[Completion]: ...
+
+
+@dataclass(frozen=True)
+class Episodes:
+    """One run of a MultiTurnCase's episodes."""
+
+    turn_s: list[float]  # wall time of each turn's generate call (that turn of every episode)
+    prompt_tokens: int  # prompt tokens of every turn of every episode
+    cached_tokens: int  # of them, those whose K/V the prefix cache served (not recomputed)
+
+    @property
+    def seconds(self) -> float:
+        """The whole run: every turn of every episode."""
+        return sum(self.turn_s)
+
+    def report(self) -> dict:
+        """Per-turn latency in ms (mean, p50, p90, max over the turns), the run's seconds,
+        and prompt tokens served from the cache vs prefilled."""
+        ms = [1000 * s for s in self.turn_s]
+        deciles = statistics.quantiles(ms, n=10, method="inclusive")
+        return {"turn_ms_mean": round(statistics.fmean(ms), 2), "turn_ms_p50": round(deciles[4], 2),
+                "turn_ms_p90": round(deciles[8], 2), "turn_ms_max": round(max(ms), 2),
+                "episode_s": round(self.seconds, 3), "prompt_tokens": self.prompt_tokens,
+                "cached_tokens": self.cached_tokens,
+                "prefilled_tokens": self.prompt_tokens - self.cached_tokens}
+
+
+def run_episodes(gen: RolloutBackend, observations: list[list[list[int]]],
+                 params: Sequence[SamplingParams]) -> Episodes:
+    """Every turn of the episodes (`observations[episode][turn]`), one `gen.generate` call per
+    turn; episode e samples with `params[e]`."""
+    contexts: list[list[int]] = [[] for _ in observations]
+    turn_s, prompt_tokens, cached_before = [], 0, gen.num_cached_tokens
+    for turn in range(len(observations[0])):
+        prompts = [ctx + obs[turn] for ctx, obs in zip(contexts, observations, strict=True)]
+        start = time.perf_counter()
+        outs = gen.generate(prompts, params)
+        turn_s.append(time.perf_counter() - start)
+        prompt_tokens += sum(len(p) for p in prompts)
+        contexts = [p + o.token_ids for p, o in zip(prompts, outs, strict=True)]
+    return Episodes(turn_s, prompt_tokens, gen.num_cached_tokens - cached_before)
+
+
+def run_multi_turn_case(case: MultiTurnCase, vllm: bool = False) -> dict:
+    """Per kernel mode, the fastest of `repeats` runs of the case's episodes (repeat r's
+    observations drawn from seed r), as `Episodes.report`, and standard ÷ aligned mean turn
+    latency (> 1: aligned is faster), in fp32 and under "bf16" for the model held in bf16, all
+    four runs interleaved per repeat; with `vllm`, the same episodes on vLLM (prefix caching
+    on) with the fp32 weights, and vLLM ÷ aligned mean turn latency."""
+    models = _models(case.shape, case.tie_word_embeddings)
+    vocab = models["float32"].config.vocab_size
+    params = _params(case.episodes, case.new_tokens)
+    warm_prompt = observations(case, vocab, seed=case.repeats)[0][0]  # no timed run draws it
+    best = _interleaved(
+        models, case.engine_config(), warm_prompt, case.repeats,
+        lambda m, r: run_episodes(Engine(m, case.engine_config()), observations(case, vocab, r), params),
+        score=lambda e: -e.seconds)
+    out: dict = {"case": case.name, "shape": case.shape, "episodes": case.episodes,
+                 "turns": case.turns, "observation_len": case.observation_len,
+                 "new_tokens": case.new_tokens, "context_len": case.context_len}
+    for dtype in models:
+        into = out if dtype == "float32" else out.setdefault("bf16", {})
+        into.update({m: best[dtype, m].report() for m in MODES})
+        into["standard_over_aligned_latency"] = round(
+            into["standard"]["turn_ms_mean"] / into["aligned"]["turn_ms_mean"], 3)
+    if vllm:
+        from parity.engine.vllm.bench import vllm_episodes
+
+        out["vllm"] = vllm_episodes(models["float32"], case, params, warm_prompt).report()
+        out["vllm_over_aligned_latency"] = round(
+            out["vllm"]["turn_ms_mean"] / out["aligned"]["turn_ms_mean"], 3)
+    return out
+
+
 def run_bench(names: list[str] | None = None, vllm: bool = False) -> dict:
-    """Every case (or those whose name contains one of `names`); with `vllm`, vLLM's side
-    too, when its environment is built ("vllm" says its version, or why it is missing)."""
+    """Every default case (or those of CASES and ON_REQUEST whose name contains one of
+    `names`); with `vllm`, vLLM's side too, when its environment is built ("vllm" says its
+    version, or why it is missing)."""
     from parity.engine.vllm import VllmEnvError, check_vllm_env
     from parity.model.selfcheck import machine
 
-    cases = [c for c in CASES if not names or any(n in c.name for n in names)]
+    cases = list(CASES) if not names else [
+        c for c in (*CASES, *ON_REQUEST) if any(n in c.name for n in names)]
     vllm_info = "not asked (--vllm)"
     if vllm:
         try:
@@ -137,4 +308,5 @@ def run_bench(names: list[str] | None = None, vllm: bool = False) -> dict:
     bandwidth = copy_bandwidth()
     return {"threads": torch.get_num_threads(), "machine": machine(), "bf16_support": bf16_support(),
             "copy_bandwidth_gb_s": round(bandwidth / 1e9, 2), "vllm": vllm_info,
-            "cases": [run_case(c, bandwidth, vllm) for c in cases]}
+            "cases": [run_multi_turn_case(c, vllm) if isinstance(c, MultiTurnCase)
+                      else run_case(c, bandwidth, vllm) for c in cases]}

@@ -81,17 +81,40 @@ def render_audit(report: dict) -> None:
                + ("" if report["passed"] else " — not so"))
 
 
+def _echo_episodes(label: str, e: dict) -> None:
+    """One mode's line of the multi-turn case: per-turn latency, episode time, cache use."""
+    typer.echo(f"    {label:13s} turn ms mean {e['turn_ms_mean']:9.1f}  p50 {e['turn_ms_p50']:9.1f}  "
+               f"p90 {e['turn_ms_p90']:9.1f}  max {e['turn_ms_max']:9.1f}  episodes "
+               f"{e['episode_s']:7.2f} s  prompt tokens: {e['cached_tokens']} cached, "
+               f"{e['prefilled_tokens']} prefilled")
+
+
+def _echo_multi_turn(r: dict) -> None:
+    """The multi-turn case as text: each mode's line, in fp32 (and vLLM), then in bf16."""
+    typer.echo(f"  {r['case']}: {r['episodes']} episodes of {r['turns']} turns to "
+               f"{r['context_len']} tokens (> 1: aligned has the lower mean turn latency)")
+    for dtype, into in (("fp32", r), ("bf16", r["bf16"])):
+        _echo_episodes(f"aligned {dtype}", into["aligned"])
+        _echo_episodes(f"standard {dtype}", into["standard"])
+        if dtype == "fp32" and "vllm" in r:
+            _echo_episodes("vLLM fp32", r["vllm"])
+            typer.echo(f"    vLLM ÷ aligned turn latency {r['vllm_over_aligned_latency']:.3f}")
+        typer.echo(f"    standard ÷ aligned turn latency in {dtype} "
+                   f"{into['standard_over_aligned_latency']:.3f}")
+
+
 def bench_engine(
     json_: bool = typer.Option(False, "--json", help="Print the results as JSON."),
     case: Annotated[
-        list[str] | None, typer.Option("--case", help="Run only cases whose name contains this.")
+        list[str] | None, typer.Option("--case", help="Run only cases whose name contains this (the multi-turn "
+                                        "case runs only so: --case multi-turn).")
     ] = None,
     threads: int = typer.Option(0, "--threads", help="torch threads (0: leave torch's default)."),
     vllm: bool = typer.Option(False, "--vllm", help="Also time vLLM on the same weights and "
                               "requests (its environment: scripts/build_vllm_env.sh)."),
 ) -> None:
     """Generation tokens/s, aligned vs standard kernels (and vLLM with --vllm), on the tiny
-    and ~0.5B Qwen2 shapes."""
+    and ~0.5B Qwen2 shapes; per-turn latency of multi-turn episodes on the tiny shape."""
     import torch
 
     from parity.engine.bench import run_bench
@@ -106,6 +129,9 @@ def bench_engine(
     typer.echo(f"threads: {report['threads']}; {m['cpu']}, {m['torch_capability']}, MKL {m['mkl_mode']}; "
                f"copy bandwidth {report['copy_bandwidth_gb_s']} GB/s")
     for r in report["cases"]:
+        if "turns" in r:
+            _echo_multi_turn(r)
+            continue
         typer.echo(f"  {r['case']:36s} aligned {r['aligned_tokens_per_s']:9.1f} tok/s  "
                    f"standard {r['standard_tokens_per_s']:9.1f} tok/s  ratio {r['ratio']:.3f}  "
                    f"bandwidth bound {r['bandwidth_limit_tokens_per_s']:9.1f} tok/s "
@@ -119,5 +145,5 @@ def bench_engine(
                    f"bf16 ÷ fp32: aligned {b['aligned_over_fp32']:.3f}, standard {b['standard_over_fp32']:.3f}")
     s = report["bf16_support"]
     typer.echo(f"CPU bf16: AVX512-BF16 {s['avx512_bf16']}, AMX {s['amx_bf16']}, oneDNN bf16 {s['onednn_bf16']}")
-    if vllm and not any("vllm_tokens_per_s" in r for r in report["cases"]):
+    if vllm and not any("vllm_tokens_per_s" in r or "vllm" in r for r in report["cases"]):
         typer.echo(f"  vLLM not timed: {report['vllm']}")
