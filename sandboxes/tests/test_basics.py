@@ -112,26 +112,27 @@ def test_helper_death_gives_clear_error_not_hang(backend: str) -> None:
     sandbox.close()
 
 
+def _owned_container(client, owner_pid: int):
+    """A created (not started) sandbox-labelled container whose owner is `owner_pid` on this host."""
+    import socket
+
+    from parity.sandboxes.docker_backend import DEFAULT_IMAGE, LABEL
+
+    labels = {LABEL: "1", f"{LABEL}.owner": f"{socket.gethostname()}:{owner_pid}"}
+    return client.containers.create(DEFAULT_IMAGE, ["sleep", "1000"], labels=labels, network_mode="none")
+
+
 @pytest.mark.docker
 @pytest.mark.usefixtures("docker_ready")
 def test_remove_stale_containers() -> None:
-    import socket
     import subprocess
 
-    from parity.sandboxes.docker_backend import (
-        DEFAULT_IMAGE,
-        LABEL,
-        docker_client,
-        remove_stale_containers,
-    )
+    from parity.sandboxes.docker_backend import docker_client, remove_stale_containers
 
     dead = subprocess.Popen(["true"])
     dead.wait()  # a pid that no longer runs
     client = docker_client()
-    labels = {LABEL: "1", f"{LABEL}.owner": f"{socket.gethostname()}:{dead.pid}"}
-    stale = client.containers.create(
-        DEFAULT_IMAGE, ["sleep", "1000"], labels=labels, network_mode="none"
-    )
+    stale = _owned_container(client, dead.pid)
     assert remove_stale_containers(client) >= 1
     assert not client.containers.list(all=True, filters={"id": stale.id})
 
@@ -140,18 +141,11 @@ def test_remove_stale_containers() -> None:
 @pytest.mark.usefixtures("docker_ready")
 def test_remove_stale_containers_survives_a_container_removed_while_listing() -> None:
     import os
-    import socket
 
-    from parity.sandboxes.docker_backend import (
-        DEFAULT_IMAGE,
-        LABEL,
-        docker_client,
-        remove_stale_containers,
-    )
+    from parity.sandboxes.docker_backend import docker_client, remove_stale_containers
 
     client = docker_client()
-    labels = {LABEL: "1", f"{LABEL}.owner": f"{socket.gethostname()}:{os.getpid()}"}  # a live owner
-    other = client.containers.create(DEFAULT_IMAGE, ["sleep", "1000"], labels=labels, network_mode="none")
+    other = _owned_container(client, os.getpid())  # a live owner
     listing = client.api.containers
 
     def listed_then_closed(*args, **kwargs):  # another owner closes its sandbox right after the listing
