@@ -22,8 +22,11 @@ MAX_NODES = 600
 CALL_TIMEOUT_MS = 500
 _STATES = ("focused", "selected", "checked")
 _MENUS = frozenset({"menu", "combo-box"})
-"""Roles whose children are not walked while closed (their items are not showing, and listing
-them makes LibreOffice build an accessible object for every item: most of its tree's time)."""
+"""Roles whose items are not walked while closed (they are not showing, and listing them makes
+LibreOffice build an accessible object for every item: most of its tree's time)."""
+_EDITABLE = frozenset({"entry", "text"})
+"""A closed combo box's children that are still walked: its editable part (Firefox ESR 140's
+address bar keeps the URL in such a child, not in the combo box itself)."""
 _CONTAINERS = frozenset({"frame", "filler", "panel", "scroll-pane", "viewport", "split-pane", "layered-pane"})
 """Roles left out of the rows (their children are kept): the window row already says "frame"."""
 
@@ -118,7 +121,12 @@ def _walk(node: object, rows: list[dict], pyatspi: object) -> None:
             flags = [s for s in _STATES if states.contains(getattr(pyatspi, f"STATE_{s.upper()}"))]
             closed = role in _MENUS and not states.contains(pyatspi.STATE_EXPANDED) \
                 and not states.contains(pyatspi.STATE_SELECTED)
-            children = [] if closed or states.contains(pyatspi.STATE_MANAGES_DESCENDANTS) else list(acc)
+            if states.contains(pyatspi.STATE_MANAGES_DESCENDANTS) or (closed and role == "menu"):
+                children = []
+            elif closed:
+                children = [c for c in acc if c is not None and c.getRoleName() in _EDITABLE]
+            else:
+                children = list(acc)
         except Exception:
             continue  # the node went away meanwhile
         if box.width > 0 and box.height > 0 and role not in _CONTAINERS:
