@@ -392,7 +392,7 @@ def test_bench_desktop_times_each_phase_per_app_and_each_concurrency_level(tasks
 
     r = run_benchmark("local", levels=(2,), office_levels=(), real_levels=(1,), task_ids=tasks)
     s = r["settle"]
-    assert (s["episodes"], s["success_rate"], list(r["by_app"])) == (2, 1.0, ["files", "mousepad"])
+    assert (s["episodes"], s["success_rate"], s["failed"], list(r["by_app"])) == (2, 1.0, [], ["files", "mousepad"])
     steps = sum(len(t.solutions["oracle"]) + 1 for t in load_tasks() if t.id in tasks)  # + DONE
     assert s["steps"] == steps and sum(s["breakdown_share"][p] for p in PHASES) == pytest.approx(1.0, abs=0.02)
     assert all(a["reset_p50_s"] > 0 and a["breakdown_mean_s"]["settle_s"] > 0 for a in r["by_app"].values())
@@ -405,3 +405,15 @@ def test_bench_desktop_times_each_phase_per_app_and_each_concurrency_level(tasks
     assert fits[""] in (0, 2) and fits["_office"] == 0 and fits["_real"] in (0, 1)
     line = f"  1 real-app desktops at once: step p50 {r['real_concurrency']['levels'][0]['step_p50_s'] * 1e3:.0f} ms, "
     assert sum(text.startswith(line) for text in report(r).split("\n")) == 1
+
+
+def test_bench_desktop_names_the_tasks_that_scored_below_one() -> None:
+    from parity.envs.desktop.bench import PHASES, RESET_PHASES, _summary
+    from parity.envs.desktop.cli import _failed
+
+    reset = {p: 0.1 for p in RESET_PHASES} | {"reset_s": 0.1, "setup_s": 0.1, "sandbox_s": 0.0}
+    step = {p: 0.01 for p in PHASES} | {"step_s": 0.06}
+    played = [("b-task", 0.0, [reset, step]), ("a-task", 1.0, [reset, step]), ("c-task", 0.0, [])]
+    s = _summary(played)
+    assert (s["episodes"], s["steps"], s["failed"]) == (3, 2, ["b-task", "c-task"])
+    assert _failed(s) == " (scored below 1: b-task, c-task)" and _failed(_summary(played[1:2])) == ""

@@ -85,6 +85,7 @@ def _summary(played: list[Episode]) -> dict:
     total = sum(step_s) or 1.0
     return {
         "episodes": len(rewards), "steps": len(steps), "success_rate": sum(rewards) / max(1, len(rewards)),
+        "failed": sorted({task_id for task_id, reward, _ in played if reward < 1.0}),
         "step_p50_s": _pct(step_s, 0.5), "step_p99_s": _pct(step_s, 0.99), "step_mean_s": statistics.fmean(step_s),
         "breakdown_mean_s": {p: statistics.fmean(t.get(p, 0.0) for t in steps) for p in PHASES},
         "breakdown_share": {p: sum(t.get(p, 0.0) for t in steps) / total for p in PHASES},
@@ -125,7 +126,7 @@ def _concurrent(n: int, task_ids: list[str], backend: str) -> dict:
     summary = _summary([e for o in out for e in o])
     return {"desktops": n, "wall_s": wall, "steps_per_s": summary["steps"] / wall, "errors": errors[:5],
             "rss_mb_per_desktop": statistics.fmean(rss) if any(rss) else None,
-            **{k: summary[k] for k in ("success_rate", "step_p50_s", "step_p99_s", "reset_p50_s")}}
+            **{k: summary[k] for k in ("success_rate", "failed", "step_p50_s", "step_p99_s", "reset_p50_s")}}
 
 
 def run_benchmark(backend: str = "local", levels: tuple[int, ...] = (1, 2, 4, 8, 16, 32),

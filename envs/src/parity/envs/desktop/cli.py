@@ -19,6 +19,11 @@ def bench_desktop(
     typer.echo(json.dumps(r, indent=2) if json_ else report(r))
 
 
+def _failed(summary: dict) -> str:
+    """' (scored below 1: a, b)' naming the tasks whose oracle failed, or ''."""
+    return f" (scored below 1: {', '.join(summary['failed'])})" if summary["failed"] else ""
+
+
 def report(r: dict) -> str:
     """The text `parity bench desktop` prints for a result of `run_benchmark`."""
     from parity.envs.desktop.bench import PHASES
@@ -26,7 +31,8 @@ def report(r: dict) -> str:
     lines: list[str] = []
     s, f = r["settle"], r["fixed_sleep"]
     lines.append(f"desktop ({r['backend']}, {r['cpus']} CPUs, {r['screen']}, {r['obs_mode']}): "
-                 f"{s['episodes']} oracle episodes, {s['steps']} steps, success {s['success_rate']:.2f}")
+                 f"{s['episodes']} oracle episodes, {s['steps']} steps, success {s['success_rate']:.2f}"
+                 + _failed(s))
     lines.append(f"  step p50 {s['step_p50_s'] * 1e3:.0f} ms, p99 {s['step_p99_s'] * 1e3:.0f} ms; "
                  f"reset p50 {s['reset_p50_s'] * 1e3:.0f} ms, p99 {s['reset_p99_s'] * 1e3:.0f} ms; "
                  f"cold start {r['cold_start_s']:.2f} s")
@@ -43,7 +49,7 @@ def report(r: dict) -> str:
         rss = f"{c['rss_mb_per_desktop']:.0f} MB" if c["rss_mb_per_desktop"] else "n/a"
         lines.append(f"  {c['desktops']} desktops at once: step p50 {c['step_p50_s'] * 1e3:.0f} ms, "
                      f"p99 {c['step_p99_s'] * 1e3:.0f} ms, {c['steps_per_s']:.1f} steps/s, "
-                     f"success {c['success_rate']:.2f}, {rss} each"
+                     f"success {c['success_rate']:.2f}{_failed(c)}, {rss} each"
                      + (f"; first error: {c['errors'][0]}" if c["errors"] else ""))
     lines.append(f"  desktops within a {r['p99_budget_s']:g} s step p99: {r['max_concurrent_desktops_within_budget']} "
                  f"(Tk apps), {r['max_concurrent_office_desktops_within_budget']} (LibreOffice), "
