@@ -34,6 +34,11 @@ APPS: dict[str, list[str]] = {
 LibreOffice's names (`office.APP_MODULES`: calc, writer, impress) and `browser` (Firefox ESR
 with its own profile, `guest.browser`) are added per session."""
 
+WM_STARTS = 5
+"""Starts of a window manager that exited before the desktop counts as dead; the first waits
+0.5 s, each next one twice as long (15.5 s in all: a fork storm that took every pid of the
+sandbox is over by then, or the desktop is replaced)."""
+
 _OPENERS = {".csv": "calc", ".xlsx": "calc", ".xls": "calc", ".ods": "calc", ".docx": "writer", ".doc": "writer",
             ".odt": "writer", ".rtf": "writer", ".pptx": "impress", ".odp": "impress", ".html": "browser",
             ".htm": "browser"}
@@ -62,6 +67,7 @@ class Session:
         }
         self.xvfb: subprocess.Popen | None = None
         self.wm: subprocess.Popen | None = None
+        self.wm_failure: str | None = None  # why the window manager could not be started again
         self.log = sys.stderr  # the sandbox's log: the host keeps it (server.log or the container log)
         self.atspi = atspi.Accessibility(run_dir, self.env, self.log) if atspi.available() else None
         if self.atspi is not None:
@@ -83,9 +89,7 @@ class Session:
         with os.fdopen(read_fd) as ready:  # Xvfb writes the display number once it accepts clients
             if not ready.readline().strip():
                 raise SessionError(f"Xvfb exited during start (code {self.xvfb.wait()})")
-        self.wm = subprocess.Popen(["openbox", "--config-file", self._openbox_config()],
-                                   stdout=self.log, stderr=self.log, env=self.env)
-        self._wait(lambda: "window id" in self._x(["xprop", "-root", "_NET_SUPPORTING_WM_CHECK"]), 30, "openbox")
+        self._start_wm(30)
         if self.atspi is not None:
             try:
                 self.support = self.atspi.start()
@@ -93,6 +97,44 @@ class Session:
                 print(f"AT-SPI not started: {e}", file=self.log, flush=True)
                 self.atspi = None
         self.reset()
+
+    def _start_wm(self, timeout: float) -> None:
+        """Start openbox and wait until it has taken the screen."""
+        wm = self.wm = subprocess.Popen(["openbox", "--config-file", self._openbox_config()],
+                                        stdout=self.log, stderr=self.log, env=self.env)
+        try:  # its pid on the root, not its check window: that property outlives an openbox that died
+            self._wait(lambda: wm.poll() is not None or self._wm_pid() == wm.pid, timeout, "openbox")
+        except (OSError, SessionError):  # not two window managers after the next try
+            wm.kill()
+            wm.wait()
+            raise
+        if wm.poll() is not None:
+            raise SessionError(f"openbox exited during start (code {wm.returncode})")
+
+    def _wm_pid(self) -> int | None:
+        """The pid openbox gave on the root window (_OPENBOX_PID) when it took the screen."""
+        m = re.search(r"= (\d+)", self._x(["xprop", "-root", "_OPENBOX_PID"]))
+        return int(m.group(1)) if m else None
+
+    def _restart_wm(self) -> str | None:
+        """Start the window manager again after it exited (WM_STARTS tries, waiting longer before
+        each); None once it runs, else why the desktop is dead. At the pids limit openbox aborts
+        when Pango cannot create a thread ("[pango] FcFontSetSort"); the X server and the other
+        session processes live on, and a new openbox manages the windows left."""
+        assert self.wm is not None
+        exited = f"window manager exited with code {self.wm.returncode}"
+        print(f"{exited}: starting it again", file=self.log, flush=True)
+        error: Exception | None = None
+        for attempt in range(WM_STARTS):
+            time.sleep(0.5 * 2**attempt)
+            try:
+                self._start_wm(10)
+                return None
+            except (OSError, SessionError) as e:  # no pid free yet, or it died again
+                print(f"window manager start {attempt + 1} of {WM_STARTS} failed: {e}", file=self.log, flush=True)
+                error = e
+        self.wm_failure = f"{exited} and did not start again ({error})"
+        return self.wm_failure
 
     def _openbox_config(self) -> str:
         """The Debian default rc.xml with one rule: every window opens maximised and focused."""
@@ -107,17 +149,29 @@ class Session:
         return path
 
     def dead(self) -> str | None:
-        """Why the desktop is unusable (X server or window manager exited), or None if it is fine."""
-        if self.wm is not None and self.xvfb is not None and self.wm.poll() is not None:
+        """Why the desktop is unusable (the X server exited, or the window manager exited and did
+        not start again), or None if it is fine; a window manager that exited is started again."""
+        if self.xvfb is None or self.wm is None:
+            return "desktop not started"
+        self._reap_orphans()
+        if self.wm.poll() is not None:
             # a window manager dies *because* its X server did: give X's exit time to register
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.xvfb.wait(timeout=0.5)
-        for label, proc in (("X server", self.xvfb), ("window manager", self.wm)):
-            if proc is None:
-                return f"{label} not started"
-            if proc.poll() is not None:
-                return f"{label} exited with code {proc.returncode}"
-        return None
+        if self.xvfb.poll() is not None:
+            return f"X server exited with code {self.xvfb.returncode}"
+        if self.wm_failure is not None:
+            return self.wm_failure
+        return None if self.wm.poll() is None else self._restart_wm()
+
+    def _reap_orphans(self) -> None:
+        """Reap the exited processes this server adopted as subreaper (a fork storm's children
+        whose parent exited): each holds its pid until then, and the pids limit counts them. Runs
+        in `dead()`, under the server's lock: never while an `execute` waits for its own child."""
+        keep = {p.pid for p in (self.xvfb, self.wm, *self.support) if p is not None}
+        for pid in _zombie_children(os.getpid()) - keep:  # ours keep their exit codes for Popen
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
 
     def reset(self) -> None:
         """Kill everything tasks started, empty the home, park the pointer; the screen is then blank."""
@@ -337,6 +391,22 @@ def _descendants(root: int) -> set[int]:
             if child not in found:
                 found.add(child)
                 stack.append(child)
+    return found
+
+
+def _zombie_children(parent: int) -> set[int]:
+    """The exited, not yet reaped children of `parent` (state Z in /proc)."""
+    found: set[int] = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                state, ppid = f.read().rsplit(")", 1)[1].split()[:2]
+        except (OSError, ValueError):
+            continue
+        if state == "Z" and int(ppid) == parent:
+            found.add(int(entry))
     return found
 
 
