@@ -4,8 +4,11 @@ Aligned: keys in tiles of KV_TILE from absolute position 0; per (piece, KV head)
 whose rows are zero-padded to ROW_TILE for the score and P*V GEMMs (the softmax runs on the real
 rows only); the softmax max is exact in any order; per-tile sums reduce a fixed-size dimension;
 tiles combine by a pairwise tree that appended zero tiles cannot change, which is why tiles a
-piece cannot see may be skipped. The backward is torch's flash-attention backward, fed with the
-forward's output and log-normaliser. Standard: padded per-group SDPA, as anyone would write it.
+piece cannot see may be skipped. A group's pieces run in blocks, and a long piece's softmax in
+chunks of its key tiles (`Group.blocks`, `Group.chunk_keys`), so that the scores stay in cache:
+each row's arithmetic is the same, chunk trees being subtrees of the tree over all tiles. The
+backward is torch's flash-attention backward, fed with the forward's output and log-normaliser.
+Standard: padded per-group SDPA, as anyone would write it.
 """
 
 from __future__ import annotations
@@ -19,15 +22,16 @@ from parity.model.layout import KV_TILE, Group, SeqLayout
 _EXP_FLOOR = -80.0  # e^-80 ~ 1.8e-35: a normal float, far below a sum's last bit
 
 
-def tree_sum(x: torch.Tensor, dim: int) -> torch.Tensor:
-    """Sum over `dim` by adjacent pairs, zero-padded to a power of two.
+def tree_sum(x: torch.Tensor, dim: int, width: int | None = None) -> torch.Tensor:
+    """Sum over `dim` by adjacent pairs, zero-padded to `width` (a power of two, at least the
+    size; by default the size rounded up to one).
 
     Appending zero slices never changes the result bit-wise, so a query gets the same
     sum whether it sees 3 key tiles or 3 real tiles plus 5 masked ones.
     """
     dim = dim % x.dim()
     n = x.shape[dim]
-    p = 1 << (n - 1).bit_length()
+    p = width or 1 << (n - 1).bit_length()
     if p != n:
         shape = list(x.shape)
         shape[dim] = p - n
@@ -47,9 +51,11 @@ def _gather_rows(x: torch.Tensor, grp: Group, hkv: int) -> torch.Tensor:
 
 
 def _gather_keys(k: torch.Tensor, grp: Group) -> torch.Tensor:
-    """The group's keys (or values) [g, Hkv, L, D], contiguous: the GEMMs would copy otherwise."""
+    """The group's keys (or values) [g, Hkv, L, D]: a view of consecutive sequences' keys (each
+    [L, D] matrix is contiguous, all the GEMMs need), else a gather."""
     k = k[:, :, : grp.kv_len]
-    return k.contiguous() if grp.every_seq else k.index_select(0, grp.seqs)
+    first = grp.first_seq
+    return k.index_select(0, grp.seqs) if first is None else k[first : first + len(grp.seqs)]
 
 
 def _gather_group(
@@ -74,29 +80,55 @@ def _attention_aligned_fwd(
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Output [N, Hq, D] and, if asked, each group's log-normaliser [g, Hkv, G*R] for backward."""
     out = q.new_empty(q.shape)
-    g_heads = q.shape[1] // k.shape[1]
+    q = q * scale
     lses = []
-    for grp in layout.groups(g_heads):
-        qg, kg, vg = _gather_group(q * scale, k, v, grp)
-        real = qg.shape[2]  # G*R rows; the GEMMs see MR = matrix_rows, the softmax only these
-        qg = pad_rows(qg, dim=2)  # [g, Hkv, MR, D]
-        mats = qg.shape[0] * qg.shape[1]
-        s = gemm(mats * grp.kv_len, torch.matmul, qg, kg.transpose(-1, -2))  # [g, Hkv, MR, L]
-        sr = s[:, :, :real].masked_fill_(grp.hidden, float("-inf"))
-        m = sr.amax(-1, keepdim=True)
+    for grp in layout.groups(q.shape[1] // k.shape[1]):
+        norms = [_attend_block(out, q, k, v, blk) for blk in grp.blocks]
+        if keep_lse:
+            lses.append(torch.cat([(m + denom.log()).squeeze(-1) for m, denom in norms]))
+    return out, lses
+
+
+def _attend_block(
+    out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blk: Group
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Write one block's output rows into out; return its softmax max and denominator, each
+    [g, Hkv, G*R, 1] (the log-normaliser's parts)."""
+    qg, kg, vg = _gather_group(q, k, v, blk)
+    real = qg.shape[2]  # G*R rows; the GEMMs see MR = matrix_rows, the softmax only these
+    qg = pad_rows(qg, dim=2)  # [g, Hkv, MR, D]
+    mats = qg.shape[0] * qg.shape[1]
+    s = gemm(mats * blk.kv_len, torch.matmul, qg, kg.transpose(-1, -2))  # [g, Hkv, MR, L]
+    _mask(s[:, :, :real], blk, 0, float("-inf"))
+    m = s[:, :, :real].amax(-1, keepdim=True)
+    s[:, :, real:] = 0.0  # padding rows: zero probabilities, dropped below
+    chunk = blk.chunk_keys
+    width = chunk // KV_TILE
+    sums, pvs = [], []
+    for start in range(0, blk.kv_len, chunk):
+        pc = s[..., start : start + chunk]
         # MKL's exp takes a slow path when its result underflows; below e^-80 a key's weight
         # is lost in the sum anyway, and hidden keys are zeroed exactly after the exp.
-        sr.sub_(m).clamp_(min=_EXP_FLOOR).exp_().masked_fill_(grp.hidden, 0.0)
-        s[:, :, real:] = 0.0  # padding rows: zero probabilities, dropped below
-        tiles = grp.kv_len // KV_TILE
-        pt = s.unflatten(-1, (tiles, KV_TILE))  # [g, Hkv, MR, T, KT]
-        denom = tree_sum(pt[:, :, :real].sum(-1), dim=-1).unsqueeze(-1)  # [g, Hkv, G*R, 1]
-        pv = gemm(mats * tiles * vg.shape[-1], torch.matmul, pt.transpose(2, 3),
-                   vg.unflatten(2, (tiles, KV_TILE)))  # [g, Hkv, T, MR, D]
-        _scatter_group(out, tree_sum(pv[:, :, :, :real], dim=2) / denom, grp)
-        if keep_lse:
-            lses.append((m + denom.log()).squeeze(-1))
-    return out, lses
+        pc[:, :, :real].sub_(m).clamp_(min=_EXP_FLOOR).exp_()
+        _mask(pc[:, :, :real], blk, start, 0.0)
+        pt = pc.unflatten(-1, (-1, KV_TILE))  # [g, Hkv, MR, T, KT]
+        sums.append(tree_sum(pt[:, :, :real].sum(-1), dim=-1, width=width))  # [g, Hkv, G*R]
+        pv = gemm(mats * pt.shape[3] * vg.shape[-1], torch.matmul, pt.transpose(2, 3),
+                  vg[:, :, start : start + chunk].unflatten(2, (-1, KV_TILE)))  # [g, Hkv, T, MR, D]
+        pvs.append(tree_sum(pv[:, :, :, :real], dim=2, width=width))  # [g, Hkv, G*R, D]
+    denom = tree_sum(torch.stack(sums, -1), dim=-1).unsqueeze(-1)  # [g, Hkv, G*R, 1]
+    _scatter_group(out, tree_sum(torch.stack(pvs, 2), dim=2) / denom, blk)
+    return m, denom
+
+
+def _mask(s: torch.Tensor, blk: Group, start: int, value: float) -> None:
+    """Set the scores s [g, Hkv, G*R, keys start..] of keys its rows may not see to value;
+    only keys from blk.mask_from on can be hidden."""
+    first = max(start, blk.mask_from)
+    stop = start + s.shape[-1]
+    if first < stop:
+        hidden = blk.hidden[..., first - blk.mask_from : stop - blk.mask_from]
+        s[..., first - start :].masked_fill_(hidden, value)
 
 
 def attention_standard(

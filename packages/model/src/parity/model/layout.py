@@ -15,6 +15,10 @@ from parity.model.gemm import ROW_TILE
 KV_TILE = 64  # keys are visited in tiles of this many, counted from absolute position 0
 QUERY_CHUNK = 64  # query rows per attention piece (see SeqLayout.groups)
 ATTENTION_ROW_MULTIPLE = 8  # prefill pieces round their rows up to this (fewer buckets)
+# One KV head's score elements (2 MB in fp32) aligned attention works on at once: a group's
+# pieces run in blocks of about this size, a long piece's softmax in key chunks of it, so its
+# passes over the scores run in cache instead of sweeping hundreds of MB.
+BLOCK_SCORES = 2**19
 
 
 def round_up(n: int, m: int) -> int:
@@ -109,7 +113,6 @@ class SeqLayout:
                     round_up(kv_exact, KV_TILE),
                     kv_exact,
                     g_heads,
-                    seqs == list(range(len(self.lengths))),
                 )
             )
         return out
@@ -185,7 +188,6 @@ class Group:
     kv_len: int  # keys visited, a multiple of KV_TILE
     kv_exact: int  # the longest piece's real key count
     g_heads: int  # query heads per KV head, stacked in the query matrix
-    every_seq: bool  # the pieces are the call's sequences 0..S-1, in order
     out_rows: torch.Tensor = field(init=False)
 
     def __post_init__(self) -> None:
@@ -196,18 +198,62 @@ class Group:
         """Rows of each query matrix the GEMMs see: G*R real ones padded to ROW_TILE."""
         return round_up(self.g_heads * self.rows.shape[1], ROW_TILE)
 
-    def visible(self, heads: int) -> torch.Tensor:
-        """[g, 1, heads*R, L] True where a key is visible: key position <= query position."""
-        keys = torch.arange(self.kv_len)
+    @cached_property
+    def first_seq(self) -> int | None:
+        """s when the pieces are sequences s, s+1, ... in order (their keys are then a slice
+        of the call's, not a gather), else None."""
+        first = int(self.seqs[0])
+        return first if torch.equal(self.seqs, torch.arange(first, first + len(self.seqs))) else None
+
+    @cached_property
+    def mask_from(self) -> int:
+        """The first key some row may not see: every row sees the keys before its position."""
+        return int(self.positions.min()) + 1
+
+    def visible(self, heads: int, start: int = 0) -> torch.Tensor:
+        """[g, 1, heads*R, L - start] True where key start.. is visible: key position <= query
+        position."""
+        keys = torch.arange(start, self.kv_len)
         m = keys[None, None, :] <= self.positions[:, :, None]
-        return m.unsqueeze(1).expand(-1, heads, -1, -1).reshape(m.shape[0], 1, -1, self.kv_len)
+        return m.unsqueeze(1).expand(-1, heads, -1, -1).reshape(m.shape[0], 1, -1, len(keys))
 
     @cached_property
     def hidden(self) -> torch.Tensor:
-        """[g, 1, G*R, L] the keys each row of the query matrix must not see (every layer's)."""
-        return ~self.visible(self.g_heads)
+        """[g, 1, G*R, L - mask_from] the keys from mask_from on that each row of the query
+        matrix must not see (every layer's)."""
+        return ~self.visible(self.g_heads, self.mask_from)
 
     @cached_property
     def bias(self) -> torch.Tensor:
-        """`hidden` as an additive mask: -inf where hidden, 0 elsewhere."""
-        return torch.zeros(self.hidden.shape).masked_fill_(self.hidden, float("-inf"))
+        """The keys each row may not see as an additive mask [g, 1, G*R, L]: -inf where
+        hidden, 0 elsewhere."""
+        hidden = ~self.visible(self.g_heads)
+        return torch.zeros(hidden.shape).masked_fill_(hidden, float("-inf"))
+
+    @cached_property
+    def blocks(self) -> list[Group]:
+        """The pieces in runs whose scores fit BLOCK_SCORES per KV head (a piece alone may
+        not), each visiting only its own pieces' key tiles: the tiles it skips would only add
+        exact zeros."""
+        keys = (self.positions.amax(1) + 1).tolist()
+        out, a = [], 0
+        while a < len(keys):
+            b, longest = a + 1, keys[a]
+            while b < len(keys) and (b + 1 - a) * self.matrix_rows * round_up(
+                    max(longest, keys[b]), KV_TILE) <= BLOCK_SCORES:
+                longest = max(longest, keys[b])
+                b += 1
+            out.append(Group(self.seqs[a:b], self.rows[a:b], self.valid[a:b], self.positions[a:b],
+                             round_up(longest, KV_TILE), longest, self.g_heads))
+            a = b
+        return out
+
+    @property
+    def chunk_keys(self) -> int:
+        """Keys per softmax chunk: all the tiles, rounded up to a power of two, if the block's
+        scores fit BLOCK_SCORES per KV head (one chunk: no copy of V), else the largest power
+        of two of tiles that fits, so that per-chunk pairwise trees are subtrees of the one
+        over all tiles."""
+        fit = BLOCK_SCORES // (len(self.seqs) * self.matrix_rows * KV_TILE)
+        tiles = self.kv_len // KV_TILE
+        return (1 << ((tiles - 1).bit_length() if fit >= tiles else max(fit, 1).bit_length() - 1)) * KV_TILE
