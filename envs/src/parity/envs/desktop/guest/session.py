@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from ctypes import CDLL
 
 from . import atspi, browser, office
@@ -168,6 +169,11 @@ class Session:
         """Reap the exited processes this server adopted as subreaper (a fork storm's children
         whose parent exited): each holds its pid until then, and the pids limit counts them. Runs
         in `dead()`, under the server's lock: never while an `execute` waits for its own child."""
+        try:  # before and after every request: when no child has exited, one syscall, no /proc scan
+            if os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+                return
+        except ChildProcessError:  # no children at all
+            return
         keep = {p.pid for p in (self.xvfb, self.wm, *self.support) if p is not None}
         for pid in _zombie_children(os.getpid()) - keep:  # ours keep their exit codes for Popen
             with contextlib.suppress(ChildProcessError):
@@ -367,25 +373,26 @@ def _become_subreaper() -> None:
         raise SessionError("prctl(PR_SET_CHILD_SUBREAPER) failed")
 
 
-def _descendants_of(roots: set[int]) -> set[int]:
-    """Every live process below any of `roots`."""
-    return set().union(*(_descendants(r) for r in roots))
-
-
-def _descendants(root: int) -> set[int]:
-    """Every live process below `root` (by parent links in /proc)."""
-    children: dict[int, list[int]] = {}
+def _processes() -> Iterator[tuple[int, str, int]]:
+    """(pid, state, parent pid) of every process in /proc; one that exits meanwhile is skipped."""
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                state, ppid = f.read().rsplit(")", 1)[1].split()[:2]
         except (OSError, IndexError, ValueError):
             continue
-        children.setdefault(ppid, []).append(int(entry))
+        yield int(entry), state, int(ppid)
+
+
+def _descendants_of(roots: set[int]) -> set[int]:
+    """Every process below any of `roots` (by parent links in /proc)."""
+    children: dict[int, list[int]] = {}
+    for pid, _, ppid in _processes():
+        children.setdefault(ppid, []).append(pid)
     found: set[int] = set()
-    stack = [root]
+    stack = list(roots)
     while stack:
         for child in children.get(stack.pop(), []):
             if child not in found:
@@ -394,20 +401,14 @@ def _descendants(root: int) -> set[int]:
     return found
 
 
+def _descendants(root: int) -> set[int]:
+    """Every process below `root`."""
+    return _descendants_of({root})
+
+
 def _zombie_children(parent: int) -> set[int]:
     """The exited, not yet reaped children of `parent` (state Z in /proc)."""
-    found: set[int] = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                state, ppid = f.read().rsplit(")", 1)[1].split()[:2]
-        except (OSError, ValueError):
-            continue
-        if state == "Z" and int(ppid) == parent:
-            found.add(int(entry))
-    return found
+    return {pid for pid, state, ppid in _processes() if state == "Z" and ppid == parent}
 
 
 def _remove(path: str) -> None:
