@@ -26,7 +26,9 @@ fi
 echo "building vLLM's environment in $env_dir (once; a few minutes)"
 uv venv --no-config --quiet --clear --python 3.11 "$env_dir"
 # --no-config: the workspace's own pins (its torch) must not apply here
-VIRTUAL_ENV="$env_dir" uv pip install --no-config --quiet -r "$pins_dir/requirements.txt" \
+# --compile-bytecode: each vLLM server start imports vLLM and torch; compiled once here, not
+# at every start where Python may not write .pyc files
+VIRTUAL_ENV="$env_dir" uv pip install --no-config --quiet --compile-bytecode -r "$pins_dir/requirements.txt" \
   -c "$pins_dir/constraints.txt" --override "$pins_dir/overrides.txt" "${torch_source[@]}"
 "$env_dir/bin/python" -c "import vllm; print('vLLM', vllm.__version__, 'in', '$env_dir')"
 echo "$pins" > "$env_dir/.parity-pins"
