@@ -51,6 +51,21 @@ def test_overrides_and_sync_mode_lag() -> None:
     assert load_train_config(None, ["train.max_lag=8"]).max_lag == 8
 
 
+def test_env_kwargs_change_the_embedded_default_unless_an_env_is_named(tmp_path: Path) -> None:
+    """`--set env.kwargs.backend=...` on the default job keeps its task settings (replacing
+    them gave tasks the embedded model cannot solve: a run with reward 0 at every step)."""
+    cfg = load_train_config(None, ['env.kwargs.backend="docker"'])
+    assert cfg.env.kwargs == {"difficulty": 0, "kinds": ["mul"], "backend": "docker"}
+    file = tmp_path / "job.toml"
+    file.write_text('[env]\nkwargs = { persistent = true }\n')
+    assert load_train_config(file).env.kwargs == {"difficulty": 0, "kinds": ["mul"],
+                                                  "backend": "local", "persistent": True}
+    named = load_train_config(None, ['env.id="parity/PythonTool-v0"', "env.kwargs.difficulty=2"])
+    assert named.env.kwargs == {"difficulty": 2}  # a named env gets only the kwargs given
+    file.write_text('[env]\nid = "parity/Math-v0"\nkwargs = { split = "test" }\n')
+    assert load_train_config(file).env.kwargs == {"split": "test"}
+
+
 def test_example_configs_validate() -> None:
     for p in sorted(EXAMPLES.glob("*.toml")):
         load_train_config(p)

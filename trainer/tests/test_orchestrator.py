@@ -28,6 +28,7 @@ from parity.core.timing import (
 )
 from parity.trainer.config import TrainConfig
 from parity.trainer.learner_actor import ModelIO
+from parity.trainer.orchestrator import RunStopped
 from parity.trainer.profile import profile_run
 from parity.trainer.rundir import read_metrics
 from parity.trainer.train import run_training
@@ -131,6 +132,20 @@ def test_standard_kernels_sync_mode_and_a_dropped_group(ray_local, tmp_path: Pat
     assert all(r["lag/max"] == 0.0 for r in recs)
     assert all(r["is/d3_mismatch"] > 0 for r in recs)
     assert all(r["is/d3_lag"] == 0.0 for r in recs)
+
+
+def test_a_run_without_learning_signal_stops_saying_so(ray_local, tmp_path: Path) -> None:
+    """Every episode scores 0.5: every group-mean advantage is 0 at every step, and the run
+    stops at the limit instead of running on and exiting 0 (a run that learns nothing)."""
+    cfg = _cfg(tmp_path, rollout={"workers": 1}, env={"kwargs": {"constant_reward": 0.5}},
+               train={"steps": 6, "max_steps_without_signal": 3})
+    with pytest.raises(RunStopped) as e:
+        _train(cfg, tmp_path / "run")
+    assert str(e.value) == (
+        "no learning signal for 3 steps in a row, up to step 2 (train.max_steps_without_signal "
+        "= 3): in every group all 2 episodes scored the same (mean reward 0.500), so every "
+        "advantage was 0; the tasks are out of this model's reach, or too easy for it")
+    assert [r["step"] for r in read_metrics(tmp_path / "run")] == [0, 1]
 
 
 @pytest.mark.slow

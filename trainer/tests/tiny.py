@@ -122,9 +122,11 @@ def tiny_episodes(cfg: Any) -> Any:
     """Two turns: prompt, model turn, observation token 2, model turn. Reward: fraction of
     generated tokens equal to 3. `env.kwargs.crash_marker`: the first episode to find that
     path missing creates it and kills its worker process (a real crash);
-    `env.kwargs.raise_on_task`: that task's episodes raise (bad data)."""
+    `env.kwargs.raise_on_task`: that task's episodes raise (bad data);
+    `env.kwargs.constant_reward`: every episode scores that (no learning signal)."""
     marker = cfg.env.kwargs.get("crash_marker")
     bad_task = cfg.env.kwargs.get("raise_on_task")
+    constant = cfg.env.kwargs.get("constant_reward")
 
     async def episode(generate: Any, task_seed: int, sampling_seed: int) -> Trajectory:
         if task_seed == bad_task:
@@ -148,7 +150,8 @@ def tiny_episodes(cfg: Any) -> Any:
             vers += c.versions
         gen = [t for t, m in zip(tokens, mask, strict=True) if m]
         return Trajectory(group_id=str(task_seed), tokens=tokens, loss_mask=mask, logprobs=lps,
-                          versions=vers, reward=sum(t == 3 for t in gen) / len(gen),
+                          versions=vers, reward=sum(t == 3 for t in gen) / len(gen)
+                          if constant is None else constant,
                           num_turns=2)
 
     return episode

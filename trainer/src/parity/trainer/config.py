@@ -31,6 +31,16 @@ class EnvSection(StrictModel):
                                    description="passed to the env's constructor")
     task_seed: int = Field(0, description="first task seed; the data cursor counts up from it")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _kwargs_change_the_embedded_env(cls, data: Any) -> Any:
+        # No env named: this is the embedded default's env, and the kwargs given change its
+        # kwargs (`--set env.kwargs.backend="docker"` is the default job on docker) instead of
+        # replacing them, which dropped its task settings for tasks its model cannot solve.
+        if isinstance(data, dict) and "id" not in data and isinstance(data.get("kwargs"), dict):
+            return {**data, "kwargs": {**EMBEDDED_ENV["kwargs"], **data["kwargs"]}}
+        return data
+
 
 class ActorPlacement(StrictModel):
     """Where an actor (the learner, each rollout worker) runs and how many CPU threads it
@@ -193,6 +203,10 @@ class TrainSection(StrictModel):
                                   "under those versions (one extra forward each; is/d3_share "
                                   "reports it); 1: all")
     ray_address: str = Field("", description="empty: start a local Ray; else a cluster address")
+    max_steps_without_signal: int = Field(10, ge=1, description="stop the run when this "
+                                          "many steps in a row had no learning signal: in "
+                                          "every group all episodes scored the same, so "
+                                          "every advantage was 0")
     max_dropped_in_a_row: int = Field(8, ge=1, description="stop the run when this many "
                                       "groups in a row are dropped (their episode code raised)")
     max_env_failure_frac: float = Field(0.5, ge=0, le=1, description="stop the run when more "

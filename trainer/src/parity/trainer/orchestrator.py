@@ -82,6 +82,7 @@ class Orchestrator:
         self.counters = {"dropped": 0, "worker_restarts": 0, "skipped_nonfinite": 0,
                          "learner_restarts": 0}
         self.dropped_in_a_row = 0
+        self.without_signal = 0  # steps in a row without a learning signal (not checkpointed)
         self.consumed = 0  # groups below this index are trained on or dropped
         self.dropped: dict[int, str] = {}  # group -> reason
         if resume is not None:
@@ -266,6 +267,7 @@ class Orchestrator:
                 batch = [self.done.pop(g) for g in need]
                 self.consumed = need[-1] + 1
                 batch_stats = self._env_failures(batch)
+                self._learning_signal(batch)
                 train_ref = self.learner.train_step.remote(batch)
                 batch_stats.update(_batch_stats(batch))
             pending = list(self.inflight) + list(self.updates) + ([train_ref] if train_ref else [])
@@ -357,6 +359,25 @@ class Orchestrator:
                 f"the environment ({reasons}), more than train.max_env_failure_frac = "
                 f"{self.cfg.train.max_env_failure_frac}: the env cannot run properly here")
         return {"env/failure_frac": frac, **{f"env/failures/{k}": v for k, v in failures.items()}}
+
+    def _learning_signal(self, groups: list[list[Trajectory]]) -> None:
+        """Counts the steps in a row whose groups each scored alike (group-mean advantages,
+        and so the loss, all 0); stops the run at `train.max_steps_without_signal` of them:
+        a run that cannot learn (tasks out of the model's reach, a collapsed policy, a reward
+        that cannot tell answers apart) must not run on and exit as if it had."""
+        if any(len({t.reward for t in g}) > 1 for g in groups):
+            self.without_signal = 0
+            return
+        self.without_signal += 1
+        limit = self.cfg.train.max_steps_without_signal
+        if self.without_signal >= limit:
+            rewards = [t.reward for g in groups for t in g]
+            raise RunStopped(
+                f"no learning signal for {self.without_signal} steps in a row, up to step "
+                f"{self.step} (train.max_steps_without_signal = {limit}): in every group all "
+                f"{len(groups[0])} episodes scored the same (mean reward "
+                f"{sum(rewards) / len(rewards):.3f}), so every advantage was 0; the tasks are "
+                f"out of this model's reach, or too easy for it")
 
     def _next_groups(self) -> list[int]:
         """The indices of the n groups the next step trains on."""
