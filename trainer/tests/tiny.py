@@ -149,9 +149,8 @@ def tiny_episodes(cfg: Any) -> Any:
             lps += c.logprobs
             vers += c.versions
         gen = [t for t, m in zip(tokens, mask, strict=True) if m]
+        reward = sum(t == 3 for t in gen) / len(gen) if constant is None else constant
         return Trajectory(group_id=str(task_seed), tokens=tokens, loss_mask=mask, logprobs=lps,
-                          versions=vers, reward=sum(t == 3 for t in gen) / len(gen)
-                          if constant is None else constant,
-                          num_turns=2)
+                          versions=vers, reward=reward, num_turns=2)
 
     return episode

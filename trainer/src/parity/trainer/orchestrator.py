@@ -266,10 +266,9 @@ class Orchestrator:
                                        time.time() - wait_start))
                 batch = [self.done.pop(g) for g in need]
                 self.consumed = need[-1] + 1
-                batch_stats = self._env_failures(batch)
-                self._learning_signal(batch)
+                batch_stats = self._env_failures(batch) | _batch_stats(batch)
+                self._learning_signal(batch, batch_stats["reward/mean"])
                 train_ref = self.learner.train_step.remote(batch)
-                batch_stats.update(_batch_stats(batch))
             pending = list(self.inflight) + list(self.updates) + ([train_ref] if train_ref else [])
             ready, _ = ray.wait(pending, num_returns=1, timeout=self._sync_wait())
             if not ready:
@@ -360,7 +359,7 @@ class Orchestrator:
                 f"{self.cfg.train.max_env_failure_frac}: the env cannot run properly here")
         return {"env/failure_frac": frac, **{f"env/failures/{k}": v for k, v in failures.items()}}
 
-    def _learning_signal(self, groups: list[list[Trajectory]]) -> None:
+    def _learning_signal(self, groups: list[list[Trajectory]], mean_reward: float) -> None:
         """Counts the steps in a row whose groups each scored alike (group-mean advantages,
         and so the loss, all 0); stops the run at `train.max_steps_without_signal` of them:
         a run that cannot learn (tasks out of the model's reach, a collapsed policy, a reward
@@ -371,12 +370,11 @@ class Orchestrator:
         self.without_signal += 1
         limit = self.cfg.train.max_steps_without_signal
         if self.without_signal >= limit:
-            rewards = [t.reward for g in groups for t in g]
             raise RunStopped(
                 f"no learning signal for {self.without_signal} steps in a row, up to step "
                 f"{self.step} (train.max_steps_without_signal = {limit}): in every group all "
-                f"{len(groups[0])} episodes scored the same (mean reward "
-                f"{sum(rewards) / len(rewards):.3f}), so every advantage was 0; the tasks are "
+                f"{len(groups[0])} episodes scored the same (mean reward {mean_reward:.3f}), "
+                f"so every advantage was 0; the tasks are "
                 f"out of this model's reach, or too easy for it")
 
     def _next_groups(self) -> list[int]:
