@@ -31,6 +31,16 @@ def test_oracle_solves_every_kind(kind: str) -> None:
     assert traj.timings["sandbox_s"] > 0
 
 
+def test_sandbox_latency_is_waited_in_each_call_and_counted_as_sandbox_time() -> None:
+    env = PythonToolEnv(kinds=("mul",), sandbox_latency_s=0.5)
+    traj = asyncio.run(run_episode(env, oracle_generate(env), seed=11))
+    env.close()
+    assert traj.reward == 1.0 and traj.info["tool_calls"] == 1
+    assert traj.timings["sandbox_s"] >= 0.5  # asyncio.sleep waits at least that long
+    with pytest.raises(ValueError, match="sandbox_latency_s must be >= 0 seconds, got -1"):
+        PythonToolEnv(sandbox_latency_s=-1)
+
+
 def test_embedded_format_transcript(env) -> None:
     obs, _ = env.reset(options={"task": MUL})
     assert env.oracle_action() == "<py>print(5831*47)</py>"

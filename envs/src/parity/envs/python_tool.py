@@ -75,6 +75,7 @@ class PythonToolEnv(TextEnv):
         sandbox_factory: Callable[[], Any] | None = None,
         sandbox_pool: Any = None,
         output_chars: int = 2000,
+        sandbox_latency_s: float = 0.0,
         tool_role: str = "tool",
         system_prompt: str | None = None,
         limits: EpisodeLimits | None = None,
@@ -86,18 +87,24 @@ class PythonToolEnv(TextEnv):
         keyword arguments of `Limits`); `sandbox_factory` (a callable returning a sandbox)
         replaces both; `sandbox_pool` (a `parity.sandboxes.SandboxPool`) lends one sandbox
         per episode instead, returned on reset/close.
-        `output_chars`: tool output shown to the model (head + tail)."""
+        `output_chars`: tool output shown to the model (head + tail).
+        `sandbox_latency_s`: seconds each call waits before it runs, as the round trip to a
+        remote sandbox service would (network, queueing); the wait uses no CPU and counts in
+        the call's sandbox time. 0: none (the sandbox runs on this machine)."""
         unknown = [k for k in kinds if k not in KINDS]
         if unknown or not kinds:
             raise ValueError(f"kinds: unknown {unknown}; choose from {list(KINDS)}")
         if difficulty < 0:
             raise ValueError(f"difficulty must be >= 0, got {difficulty}")
+        if not sandbox_latency_s >= 0:
+            raise ValueError(f"sandbox_latency_s must be >= 0 seconds, got {sandbox_latency_s}")
         super().__init__(limits=limits or EpisodeLimits(max_turns=4), **kwargs)
         self.difficulty = difficulty
         self.kinds = kinds
         self.parser = make_parser(tool_format)
         self.persistent = persistent
         self.output_chars = output_chars
+        self.sandbox_latency_s = sandbox_latency_s
         self.tool_role = tool_role
         self.system_prompt = system_prompt
         self._factory = sandbox_factory or self._open_default(backend, sandbox_limits or {})
@@ -141,6 +148,8 @@ class PythonToolEnv(TextEnv):
             return Response([{"role": "user", "content": error}], metrics={"parse_errors": 1})
         assert parsed.call is not None
         t0 = time.monotonic()
+        if self.sandbox_latency_s:
+            await asyncio.sleep(self.sandbox_latency_s)
         output, metrics = await self._execute(parsed.call.arguments["code"])
         return Response([{"role": self.tool_role, "content": output}],
                         metrics={"tool_calls": 1, **metrics}, sandbox_s=time.monotonic() - t0)
