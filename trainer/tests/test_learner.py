@@ -70,6 +70,30 @@ def test_d3_splits_into_mismatch_and_lag() -> None:
     assert m2["is/d3_mismatch"] == pytest.approx(math.exp(-0.05) - 1 + 0.05)
 
 
+def test_adam_momentum_defaults_to_less_in_async_and_a_set_value_is_kept() -> None:
+    def betas(**train) -> tuple[float, float]:
+        return LearnerSettings.of(TrainConfig.model_validate({"train": train})).optim.betas
+
+    assert betas(mode="sync") == (0.9, 0.999)
+    assert betas(mode="async", max_lag=0) == (0.9, 0.999)  # lag 0 is sync
+    assert betas(mode="async", max_lag=2) == (0.5, 0.999)
+    cfg = TrainConfig.model_validate({"optim": {"betas": [0.8, 0.99]}})
+    assert LearnerSettings.of(cfg).optim.betas == (0.8, 0.99)
+
+
+def test_update_kl_is_how_far_the_update_moved_the_policy_on_its_batch() -> None:
+    """kl/update after an update on rollouts with μ = π_θ0 is the KL that the next step on
+    the same rollouts measures between them and the learner: both are k2(π_θ1 − π_θ0)."""
+    model = TinyLM()
+    learner = Learner(_cfg(train={"track_update_kl": True}), model, token_logprobs)
+    g0 = _groups(model, version=0)
+    m0 = learner.train_step(g0)
+    m1 = learner.train_step(g0)
+    assert m0["kl/rollout_learner"] == 0.0
+    assert m0["kl/update"] > 0 and m0["kl/update"] == m1["kl/rollout_learner"]
+    assert "kl/update" not in Learner(_cfg(), TinyLM(), token_logprobs).train_step(g0)
+
+
 def test_the_split_recomputes_a_sampled_share_of_older_sequences() -> None:
     """At share 0.5, two of the four sequences sampled one version back are recomputed
     under it (one forward of half the batch), and is/d3_share says so; the mismatch is still

@@ -176,7 +176,12 @@ class LossSection(StrictModel):
 class OptimSection(StrictModel):
     lr: float = Field(2e-4, gt=0)
     weight_decay: float = Field(0.0, ge=0)
-    betas: tuple[float, float] = (0.9, 0.999)
+    betas: tuple[float, float] | None = Field(None, description="Adam's β1, β2; unset: "
+                                              "(0.9, 0.999) in sync, (0.5, 0.999) in async. "
+                                              "An async step trains on data sampled before "
+                                              "the last updates: its gradient cannot yet see "
+                                              "what they did, and β1 0.9 carries the policy "
+                                              "on (docs/benchmarks-async.md)")
     eps: float = Field(1e-8, gt=0)
     grad_clip: float = Field(1.0, gt=0)
     schedule: Literal["constant", "linear", "cosine"] = "constant"
@@ -202,6 +207,9 @@ class TrainSection(StrictModel):
                                   "with tokens of older versions that the D3 split recomputes "
                                   "under those versions (one extra forward each; is/d3_share "
                                   "reports it); 1: all")
+    track_update_kl: bool = Field(False, description="after each update, one more forward "
+                                  "of its batch under the new weights: kl/update, how far the "
+                                  "update moved the policy on the tokens it trained on")
     ray_address: str = Field("", description="empty: start a local Ray; else a cluster address")
     max_steps_without_signal: int = Field(10, ge=1, description="stop the run when this "
                                           "many steps in a row had no learning signal: in "

@@ -93,11 +93,16 @@ class LearnerSettings:
     max_lag: int  # versions kept for the D3 split (0 in sync mode)
     track_mismatch: bool  # train.track_mismatch: split D3 into mismatch and lag
     mismatch_share: float = 1.0  # train.mismatch_share: older sequences the split recomputes
+    track_update_kl: bool = False  # train.track_update_kl: kl/update after each step
 
     @classmethod
     def of(cls, cfg: TrainConfig) -> LearnerSettings:
-        return cls(cfg.loss, cfg.optim, cfg.rollout.temperature, cfg.train.steps, cfg.max_lag,
-                   cfg.train.track_mismatch, cfg.train.mismatch_share)
+        optim = cfg.optim
+        if optim.betas is None:  # async: less momentum (see OptimSection.betas)
+            optim = optim.model_copy(update={"betas": (0.9, 0.999) if cfg.max_lag == 0
+                                             else (0.5, 0.999)})
+        return cls(cfg.loss, optim, cfg.rollout.temperature, cfg.train.steps, cfg.max_lag,
+                   cfg.train.track_mismatch, cfg.train.mismatch_share, cfg.train.track_update_kl)
 
 
 class Learner:
@@ -197,6 +202,8 @@ class Learner:
             else:  # a NaN/inf loss or gradient skips the update, counted
                 self.skipped_nonfinite += 1
             self.opt.zero_grad(set_to_none=True)
+        if cfg.track_update_kl:
+            stats["kl/update"] = self._update_kl(b, mbs, logp_k)
         self.version = k + 1
         self.history[self.version] = self.weights()
         for v in [v for v in self.history if v < self.version - self.cfg.max_lag]:
@@ -231,6 +238,15 @@ class Learner:
         split["is/d3"] = split_d3(logp_k, logp_k, b.mu, mask)["is/d3"]
         split["is/d3_share"] = share
         return out | split
+
+    def _update_kl(self, b: Batch, mbs: list[list[int]], logp_k: Tensor) -> float:
+        """k2 KL between the weights before and after this update, on the batch's tokens."""
+        logp_next = torch.zeros_like(logp_k)
+        with self.clock.during(FORWARD), self.timeline.span(f"logprobs θ_{self.version + 1}",
+                                                            "learner_fwd"), torch.no_grad():
+            for idx in mbs:
+                logp_next[idx] = self._logprobs(self.model, b, idx).double()
+        return kl_k2(logp_next - logp_k, b.mask)
 
     def _logprobs_at_versions(self, b: Batch, mbs: list[list[int]], logp_k: Tensor
                               ) -> tuple[Tensor, Tensor, float]:
