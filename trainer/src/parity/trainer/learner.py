@@ -161,10 +161,7 @@ class Learner:
         self.opt.zero_grad(set_to_none=True)
 
         if cfg.loss.vcpo_baseline:  # b* needs every ρ_i before the first backward
-            with clock.during(FORWARD), tl.span("logprobs θ_k (baseline)", "learner_fwd"), \
-                    torch.no_grad():
-                for idx in mbs:
-                    logp_k[idx] = self._logprobs(self.model, b, idx).double()
+            logp_k = self._forward_all(b, mbs, "logprobs θ_k (baseline)")
             log_rho = sequence_log_ratio(logp_k - b.mu, b.mask)
         else:
             log_rho = None
@@ -239,13 +236,18 @@ class Learner:
         split["is/d3_share"] = share
         return out | split
 
+    def _forward_all(self, b: Batch, mbs: list[list[int]], label: str) -> Tensor:
+        """The current weights' logprobs of the whole batch, without gradients."""
+        out = torch.zeros_like(b.mu)
+        with self.clock.during(FORWARD), self.timeline.span(label, "learner_fwd"), \
+                torch.no_grad():
+            for idx in mbs:
+                out[idx] = self._logprobs(self.model, b, idx).double()
+        return out
+
     def _update_kl(self, b: Batch, mbs: list[list[int]], logp_k: Tensor) -> float:
         """k2 KL between the weights before and after this update, on the batch's tokens."""
-        logp_next = torch.zeros_like(logp_k)
-        with self.clock.during(FORWARD), self.timeline.span(f"logprobs θ_{self.version + 1}",
-                                                            "learner_fwd"), torch.no_grad():
-            for idx in mbs:
-                logp_next[idx] = self._logprobs(self.model, b, idx).double()
+        logp_next = self._forward_all(b, mbs, f"logprobs θ_{self.version + 1}")
         return kl_k2(logp_next - logp_k, b.mask)
 
     def _logprobs_at_versions(self, b: Batch, mbs: list[list[int]], logp_k: Tensor
