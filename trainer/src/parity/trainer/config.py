@@ -106,6 +106,10 @@ class EngineSection(StrictModel):
                                       "memory)")
     prefix_caching: bool = Field(True, description="reuse the K/V of full blocks whose whole "
                                  "prefix matches (earlier turns, a group's shared prompt)")
+    dense_kv_mib: int = Field(1024, ge=0, description="memory (MiB) for the running batch's "
+                              "K/V kept dense between steps, so decode writes each new row "
+                              "instead of gathering every sequence's keys again; a batch "
+                              "that needs more gathers at every step; 0: off")
 
     @model_validator(mode="after")
     def _one_size(self) -> EngineSection:

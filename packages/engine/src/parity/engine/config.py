@@ -22,6 +22,10 @@ class EngineConfig:
         `parity.model.layout.attention_scores` counts them; long prompts are chunked finer as
         they grow, so memory stays bounded at any context length (decode rows are never split).
     prefix_caching: reuse full blocks whose content (and whole prefix) matches.
+    dense_kv_mib: memory (MiB) for the running batch's keys and values kept dense between
+        steps (`kv_cache.DenseBatch`): decode then writes each new row there instead of
+        gathering every sequence's keys from the pool at every layer of every step. A batch
+        whose dense K/V would exceed it gathers at every step; 0 turns it off.
     seed: seeds the per-request sampling seeds of requests that give none.
     """
 
@@ -32,6 +36,7 @@ class EngineConfig:
     max_model_len: int | None = None
     max_attention_scores: int = 2**26
     prefix_caching: bool = True
+    dense_kv_mib: int = 1024
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -42,3 +47,5 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.block_size must divide {KV_TILE}, got {self.block_size}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"EngineConfig.max_model_len must be >= 2, got {self.max_model_len}")
+        if not isinstance(self.dense_kv_mib, int) or self.dense_kv_mib < 0:
+            raise ValueError(f"EngineConfig.dense_kv_mib must be an int >= 0, got {self.dense_kv_mib!r}")

@@ -58,7 +58,7 @@ class Engine:
         self.vocab_size = cfg.vocab_size
         limit = config.max_model_len or cfg.max_position_embeddings
         self.max_len = min(limit, config.kv_blocks * config.block_size)
-        self.runner = ModelRunner(model, config.kv_blocks, config.block_size)
+        self.runner = ModelRunner(model, config.kv_blocks, config.block_size, config.dense_kv_mib)
         self.blocks = BlockManager(config.kv_blocks, config.block_size, config.prefix_caching)
         self.scheduler = Scheduler(config, self.blocks, cfg.num_attention_heads, cfg.kv_heads)
         self._ids = itertools.count()
@@ -199,6 +199,7 @@ class Engine:
             check_update(self.runner.model, state, version)
             apply_update(self.runner.model, state)
             self.version = version
+            self.runner.dense.forget()
             self.blocks.clear_cache()
             self.scheduler.preempt_all()
 

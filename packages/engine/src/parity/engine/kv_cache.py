@@ -1,10 +1,11 @@
-"""The paged KV cache: one preallocated pool per layer, addressed through block tables."""
+"""The paged KV cache: one preallocated pool per layer, addressed through block tables, and
+the running batch's keys and values kept dense between steps."""
 
 from __future__ import annotations
 
 import torch
 
-from parity.model import ModelConfig, SeqLayout
+from parity.model import KV_TILE, ModelConfig, SeqLayout
 
 
 class KVPool:
@@ -33,23 +34,98 @@ class KVPool:
         return 2 * cfg.num_hidden_layers * cfg.kv_heads * cfg.dim_per_head * dtype.itemsize
 
 
+class DenseBatch:
+    """The running batch's keys and values in the [S, Hkv, capacity, D] form attention reads,
+    every layer, kept between steps so that decode does not gather every sequence's keys
+    from the pool again at every layer of every step (only the new rows are written).
+
+    It serves a step whose sequences are the ones it holds, in the same order, each
+    continuing exactly where it ended, within its capacity; any other step rebuilds it from
+    the pool (one gather per layer, as a step without it does) if it fits `max_bytes`, else
+    runs without it. The pool stays the record: this holds copies of the same bits, so
+    attention reads the same values either way.
+    """
+
+    def __init__(self, pool: KVPool, max_bytes: int) -> None:
+        self.pool, self.max_bytes = pool, max_bytes
+        layers = pool.k.shape[0]
+        # per layer, flat buffers for K and V, reused while large enough
+        self.buffers: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * layers
+        self.seq_ids: list[int] = []
+        self.kv_lens: list[int] = []  # each sequence's keys held, valid only when `ready`
+        self.capacity = 0
+        self.ready = False
+        self.rebuilds = 0  # steps that gathered from the pool into it
+
+    def claim(self, seq_ids: list[int], offsets: list[int], kv_len: int) -> bool | None:
+        """Whether a step of these sequences (continuing after `offsets` keys, up to `kv_len`
+        keys padded) reads from here: False if served as held, True if rebuilt for them,
+        None if it runs without."""
+        served = (self.ready and self.seq_ids == seq_ids and self.kv_lens == offsets
+                  and kv_len <= self.capacity)
+        self.ready = False  # until the step has written its last layer
+        if served:
+            return False
+        # one spare tile: decode rebuilds once every KV_TILE steps, not at every new tile
+        capacity = kv_len + KV_TILE
+        pool = self.pool
+        per_layer = len(seq_ids) * len(pool.heads) * capacity * pool.k.shape[-1] * pool.k.element_size()
+        self.seq_ids, self.kv_lens, self.capacity = [], [], 0
+        if 2 * len(self.buffers) * per_layer > self.max_bytes:
+            return None
+        self.seq_ids, self.capacity = list(seq_ids), capacity
+        self.rebuilds += 1
+        return True
+
+    def layer(self, layer: int, numel: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer's K and V buffers of at least `numel` elements (flat, uninitialised if new)."""
+        held = self.buffers[layer]
+        if held is None or held[0].numel() < numel:
+            held = self.buffers[layer] = (self.pool.k.new_empty(numel), self.pool.v.new_empty(numel))
+        return held
+
+    def written(self, kv_lens: list[int]) -> None:
+        """A step wrote every layer: the sequences now hold `kv_lens` keys."""
+        self.kv_lens, self.ready = list(kv_lens), True
+
+    def forget(self) -> None:
+        """Rebuild at the next step (the pool's K/V changed: new weights)."""
+        self.seq_ids, self.kv_lens, self.capacity, self.ready = [], [], 0, False
+
+
 class PagedKV:
     """The KVStore of one forward call.
 
     `slots` [N * Hkv]: where each new row's K/V vector goes, per head, in the pool seen as
     [blocks * Hkv * block_size, D]. `slabs` [S * Hkv * L / block_size]: the [block_size, D]
     slabs (pool seen as [blocks * Hkv, block_size * D]) that make up each sequence's keys of
-    each head, in [S, Hkv, L, D] order, from its block table padded to L = layout.max_kv_len
-    keys; padding points at block 0, whose values are finite and which attention masks out.
+    each head, in [S, Hkv, L, D] order, from its block table padded to L keys; padding points
+    at block 0, whose values are finite and which attention masks out. With a `dense` batch,
+    L is its capacity and `rows` [N * Hkv] is where each new row's vectors go in it, seen as
+    [S * Hkv * L, D]; a `rebuild` call gathers every layer from the pool into it.
     """
 
-    def __init__(self, pool: KVPool, slots: torch.Tensor, slabs: torch.Tensor) -> None:
+    def __init__(self, pool: KVPool, slots: torch.Tensor, slabs: torch.Tensor,
+                 dense: DenseBatch | None = None, rows: torch.Tensor | None = None,
+                 rebuild: bool = False) -> None:
         self.pool, self.slots, self.slabs = pool, slots, slabs
+        self.dense, self.rows, self.rebuild = dense, rows, rebuild
 
     @classmethod
-    def build(cls, pool: KVPool, tables: list[list[int]], layout: SeqLayout) -> PagedKV:
+    def build(cls, pool: KVPool, tables: list[list[int]], layout: SeqLayout,
+              dense: DenseBatch | None = None, seq_ids: list[int] | None = None) -> PagedKV:
+        """The store of one call; with `dense` and the call's `seq_ids`, read from `dense`
+        when it holds these sequences or can be rebuilt for them (`DenseBatch.claim`)."""
         bs, heads = pool.block_size, pool.heads
-        n_blocks = layout.max_kv_len // bs
+        length, rebuild = layout.max_kv_len, None
+        if dense is not None and seq_ids is not None:
+            offsets = [kv - n for kv, n in zip(layout.kv_lens, layout.lengths, strict=True)]
+            rebuild = dense.claim(seq_ids, offsets, length)
+        if rebuild is None:
+            dense = None
+        else:
+            length = dense.capacity
+        n_blocks = length // bs
         padded = torch.tensor(
             [t[:n_blocks] + [0] * (n_blocks - len(t)) for t in tables], dtype=torch.long
         )
@@ -59,16 +135,34 @@ class PagedKV:
             (blocks[:, None] * len(heads) + heads[None, :]) * bs + (pos % bs)[:, None]
         ).flatten()
         slabs = (padded[:, None, :] * len(heads) + heads[None, :, None]).flatten()
-        return cls(pool, slots, slabs)
+        rows = None
+        if dense is not None:
+            rows = ((layout.seq_of_row[:, None] * len(heads) + heads[None, :]) * length
+                    + pos[:, None]).flatten()
+        return cls(pool, slots, slabs, dense, rows, bool(rebuild))
 
     def update(
         self, layer: int, k: torch.Tensor, v: torch.Tensor, layout: SeqLayout
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        out = []
         s, n = len(layout.lengths), layout.max_kv_len
-        for store, new in ((self.pool.k[layer], k), (self.pool.v[layer], v)):
-            d = store.shape[-1]
-            store.view(-1, d).index_copy_(0, self.slots, new.to(store.dtype).reshape(-1, d))
-            dense = store.view(-1, store.shape[2] * d).index_select(0, self.slabs)
-            out.append(dense.view(s, -1, n, d))  # [S, Hkv, L, D]
+        hkv, bs, d = self.pool.k.shape[2:]
+        news = [new.to(self.pool.k.dtype).reshape(-1, d) for new in (k, v)]
+        stores = [self.pool.k[layer], self.pool.v[layer]]
+        for store, new in zip(stores, news, strict=True):
+            store.view(-1, d).index_copy_(0, self.slots, new)
+        if self.dense is None:  # gather every sequence's keys and values for this call only
+            return tuple(store.view(-1, bs * d).index_select(0, self.slabs).view(s, hkv, n, d)
+                         for store in stores)
+        length = self.dense.capacity
+        held = self.dense.layer(layer, s * hkv * length * d)
+        out = []
+        for store, new, buf in zip(stores, news, held, strict=True):
+            buf = buf[: s * hkv * length * d]
+            if self.rebuild:
+                torch.index_select(store.view(-1, bs * d), 0, self.slabs, out=buf.view(-1, bs * d))
+            else:
+                buf.view(-1, d).index_copy_(0, self.rows, new)
+            out.append(buf.view(s, hkv, length, d)[:, :, :n])
+        if layer == len(self.dense.buffers) - 1:
+            self.dense.written(layout.kv_lens)
         return out[0], out[1]

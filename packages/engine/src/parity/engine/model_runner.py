@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from parity.engine.kv_cache import KVPool, PagedKV
+from parity.engine.kv_cache import DenseBatch, KVPool, PagedKV
 from parity.engine.sampler import next_tokens
 from parity.engine.scheduler import Batch
 from parity.engine.sequence import Sequence
@@ -25,9 +25,10 @@ class Sampled:
 
 
 class ModelRunner:
-    def __init__(self, model: Decoder, num_blocks: int, block_size: int) -> None:
+    def __init__(self, model: Decoder, num_blocks: int, block_size: int, dense_kv_mib: int = 0) -> None:
         self.model = model.eval()
         self.pool = KVPool(model.config, num_blocks, block_size, model.compute_dtype)
+        self.dense = DenseBatch(self.pool, dense_kv_mib * 2**20)
         self.peak_attention_scores = 0  # largest score matrix of one step (elements, all heads)
 
     def run(self, batch: Batch) -> Sampled:
@@ -54,6 +55,7 @@ class ModelRunner:
         cfg = self.model.config
         scores = layout.attention_scores(cfg.num_attention_heads, cfg.kv_heads)
         self.peak_attention_scores = max(self.peak_attention_scores, scores)
-        kv = PagedKV.build(self.pool, [s.block_table for s in batch.seqs], layout)
+        kv = PagedKV.build(self.pool, [s.block_table for s in batch.seqs], layout, self.dense,
+                           [s.seq_id for s in batch.seqs])
         with torch.no_grad():
             return self.model(torch.tensor(flat), layout, kv), layout

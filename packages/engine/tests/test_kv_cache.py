@@ -1,0 +1,65 @@
+"""The running batch's dense K/V: decode writes new rows there instead of gathering every
+sequence's keys from the pool at every step, and reads exactly the bits a gather would."""
+
+from __future__ import annotations
+
+import torch
+
+from parity.engine import Engine, EngineConfig, SamplingParams
+from parity.engine.kv_cache import DenseBatch, KVPool
+from parity.model import token_logprobs
+
+
+def _prompts(n: int, length: int, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 101, (n, length), generator=g).tolist()
+
+
+def _run(model, prompts, params, dense_kv_mib: int):
+    eng = Engine(model, EngineConfig(kv_blocks=256, dense_kv_mib=dense_kv_mib))
+    return eng, eng.generate(prompts, params)
+
+
+def test_decode_gathers_only_at_admission_and_when_it_outgrows_the_capacity(model):
+    prompts = _prompts(8, 16, seed=1)
+    params = [SamplingParams(max_new_tokens=120, seed=i) for i in range(8)]
+    dense, outs = _run(model, prompts, params, dense_kv_mib=64)
+    gathered, ref = _run(model, prompts, params, dense_kv_mib=0)
+    # the prefill step (16 keys: capacity 64 + one spare tile) and key 129 (capacity 256)
+    assert dense.runner.dense.rebuilds == 2 and dense.num_steps == 120
+    assert gathered.runner.dense.rebuilds == 0
+    assert [o.token_ids for o in outs] == [o.token_ids for o in ref]
+    assert [o.logprobs for o in outs] == [o.logprobs for o in ref]
+    learner = token_logprobs(model, torch.tensor([prompts[3] + outs[3].token_ids]), 1.0)[0, 15:]
+    assert torch.equal(torch.tensor(outs[3].logprobs, dtype=torch.float32), learner)
+
+
+def test_a_batch_that_changes_is_gathered_again(model):
+    prompts = _prompts(3, 16, seed=2)
+    params = [SamplingParams(max_new_tokens=n, seed=n) for n in (4, 8, 12)]
+    dense, outs = _run(model, prompts, params, dense_kv_mib=64)
+    _, ref = _run(model, prompts, params, dense_kv_mib=0)
+    assert dense.runner.dense.rebuilds == 3  # admission, then after each of two finishes
+    assert [o.logprobs for o in outs] == [o.logprobs for o in ref]
+
+
+def test_claim_serves_rebuilds_or_declines(model):
+    cfg = model.config
+    pool = KVPool(cfg, num_blocks=8, block_size=16, dtype=torch.float32)
+    per_slot = KVPool.bytes_per_token(cfg, torch.float32)  # every layer's K and V of one key
+    dense = DenseBatch(pool, max_bytes=2 * 128 * per_slot)
+    assert dense.claim([0, 1], [0, 0], 64) is True  # capacity 64 + 64 for 2 sequences: fits
+    assert dense.capacity == 128
+    dense.written([16, 16])
+    assert dense.claim([0, 1], [16, 16], 64) is False  # continues where it ended: served
+    dense.written([17, 17])
+    assert dense.claim([0, 1], [17, 16], 64) is True  # a sequence did not continue
+    dense.written([18, 17])
+    assert dense.claim([1, 0], [17, 18], 64) is True  # another order
+    dense.written([18, 19])
+    dense.forget()  # new weights
+    assert dense.claim([1, 0], [18, 19], 64) is True
+    assert dense.claim([0, 1, 2], [0, 0, 0], 64) is None  # 3 x 128 keys exceed the budget
+    assert dense.claim([0, 1], [0, 0], 64) is True and dense.rebuilds == 5
+    # a step that did not write its last layer leaves nothing to serve
+    assert dense.claim([0, 1], [0, 0], 64) is True
