@@ -25,8 +25,8 @@ def test_decode_gathers_only_at_admission_and_when_it_outgrows_the_capacity(mode
     params = [SamplingParams(max_new_tokens=120, seed=i) for i in range(8)]
     dense, outs = _run(model, prompts, params, dense_kv_mib=64)
     gathered, ref = _run(model, prompts, params, dense_kv_mib=0)
-    # the prefill step (16 keys: capacity 64 + one spare tile) and key 129 (capacity 256)
-    assert dense.runner.dense.rebuilds == 2 and dense.num_steps == 120
+    # the prefill step (16 keys, read as one tile of 64), then keys 65 and 129 (new tiles)
+    assert dense.runner.dense.rebuilds == 3 and dense.num_steps == 120
     assert gathered.runner.dense.rebuilds == 0
     assert [o.token_ids for o in outs] == [o.token_ids for o in ref]
     assert [o.logprobs for o in outs] == [o.logprobs for o in ref]
@@ -48,8 +48,8 @@ def test_claim_serves_rebuilds_or_declines(model):
     pool = KVPool(cfg, num_blocks=8, block_size=16, dtype=torch.float32)
     per_slot = KVPool.bytes_per_token(cfg, torch.float32)  # every layer's K and V of one key
     dense = DenseBatch(pool, max_bytes=2 * 128 * per_slot)
-    assert dense.claim([0, 1], [0, 0], 64) is True  # capacity 64 + 64 for 2 sequences: fits
-    assert dense.capacity == 128
+    assert dense.claim([0, 1], [0, 0], 64) is True  # 2 sequences x 64 keys: fits
+    assert dense.capacity == 64
     dense.written([16, 16])
     assert dense.claim([0, 1], [16, 16], 64) is False  # continues where it ended: served
     dense.written([17, 17])
@@ -57,9 +57,11 @@ def test_claim_serves_rebuilds_or_declines(model):
     dense.written([18, 17])
     assert dense.claim([1, 0], [17, 18], 64) is True  # another order
     dense.written([18, 19])
+    assert dense.claim([1, 0], [18, 19], 128) is True and dense.capacity == 128  # a new tile
+    dense.written([19, 20])
     dense.forget()  # new weights
-    assert dense.claim([1, 0], [18, 19], 64) is True
-    assert dense.claim([0, 1, 2], [0, 0, 0], 64) is None  # 3 x 128 keys exceed the budget
-    assert dense.claim([0, 1], [0, 0], 64) is True and dense.rebuilds == 5
+    assert dense.claim([1, 0], [19, 20], 128) is True
+    assert dense.claim([0, 1, 2], [0, 0, 0], 128) is None  # 3 x 128 keys exceed the budget
+    assert dense.claim([0, 1], [0, 0], 64) is True and dense.rebuilds == 6
     # a step that did not write its last layer leaves nothing to serve
     assert dense.claim([0, 1], [0, 0], 64) is True

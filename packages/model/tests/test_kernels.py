@@ -60,11 +60,11 @@ def test_aligned_linear_rows_invariant(k, n_out, n, data):
     assert torch.equal(alone, batched)
 
 
-# (q rows, k rows, in): stacked weights below and above gemm.ONEDNN_MIN_WEIGHT (MKL, oneDNN)
+# (q rows, k rows, in): a small and a large stacked weight
 STACKS = [(64, 16, 96), (1024, 256, 512)]
 
 
-@pytest.mark.parametrize(("nq", "nk", "k"), STACKS, ids=["mkl", "onednn"])
+@pytest.mark.parametrize(("nq", "nk", "k"), STACKS, ids=["small", "large"])
 def test_stacked_linears_follow_in_place_weight_changes(nq, nk, k):
     """q/k/v-style stacked linears keep a prepared (stacked, reordered) weight; changing a weight
     in place (an optimizer step, an engine weight update) must make it again: the result equals
@@ -81,9 +81,9 @@ def test_stacked_linears_follow_in_place_weight_changes(nq, nk, k):
     assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
 
 
-@pytest.mark.parametrize(("nq", "nk", "k"), STACKS, ids=["mkl", "onednn"])
+@pytest.mark.parametrize(("nq", "nk", "k"), STACKS, ids=["small", "large"])
 def test_stacked_linear_gradients_match_standard_in_fp32(nq, nk, k):
-    """Both fp32 paths have the ordinary gradients of each linear."""
+    """Stacked fp32 linears have the ordinary gradients of each linear."""
     g = torch.Generator().manual_seed(1)
     params = [torch.randn(*s, generator=g).requires_grad_() for s in ((nq, k), (nk, k), (nq,), (nk,))]
     x = torch.randn(13, k, generator=g, requires_grad=True)

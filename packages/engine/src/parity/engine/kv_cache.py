@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from parity.model import KV_TILE, ModelConfig, SeqLayout
+from parity.model import ModelConfig, SeqLayout
 
 
 class KVPool:
@@ -40,7 +40,8 @@ class DenseBatch:
     from the pool again at every layer of every step (only the new rows are written).
 
     It serves a step whose sequences are the ones it holds, in the same order, each
-    continuing exactly where it ended, within its capacity; any other step rebuilds it from
+    continuing exactly where it ended, that reads as many keys (padded to KV_TILE) as the
+    step that built it: its capacity. Any other step rebuilds it from
     the pool (one gather per layer, as a step without it does) if it fits `max_bytes`, else
     runs without it. The pool stays the record: this holds copies of the same bits, so
     attention reads the same values either way.
@@ -62,12 +63,14 @@ class DenseBatch:
         keys padded) reads from here: False if served as held, True if rebuilt for them,
         None if it runs without."""
         served = (self.ready and self.seq_ids == seq_ids and self.kv_lens == offsets
-                  and kv_len <= self.capacity)
+                  and kv_len == self.capacity)
         self.ready = False  # until the step has written its last layer
         if served:
             return False
-        # one spare tile: decode rebuilds once every KV_TILE steps, not at every new tile
-        capacity = kv_len + KV_TILE
+        # exactly the keys the step reads: attention's P*V views its keys and values as
+        # [S, Hkv, tiles, KV_TILE, D] batches, which a longer buffer would make it copy
+        # (decode then rebuilds once every KV_TILE steps)
+        capacity = kv_len
         pool = self.pool
         per_layer = len(seq_ids) * len(pool.heads) * capacity * pool.k.shape[-1] * pool.k.element_size()
         self.seq_ids, self.kv_lens, self.capacity = [], [], 0

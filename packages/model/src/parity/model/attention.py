@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from parity.model.gemm import gemm, pad_rows
+from parity.model.gemm import gemm
 from parity.model.layout import KV_TILE, Group, SeqLayout
 
 _EXP_FLOOR = -80.0  # e^-80 ~ 1.8e-35: a normal float, far below a sum's last bit
@@ -80,28 +80,42 @@ def _attention_aligned_fwd(
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Output [N, Hq, D] and, if asked, each group's log-normaliser [g, Hkv, G*R] for backward."""
     out = q.new_empty(q.shape)
-    q = q * scale
     lses = []
     for grp in layout.groups(q.shape[1] // k.shape[1]):
-        norms = [_attend_block(out, q, k, v, blk) for blk in grp.blocks]
+        norms = [_attend_block(out, q, k, v, blk, scale) for blk in grp.blocks]
         if keep_lse:
             lses.append(torch.cat([(m + denom.log()).squeeze(-1) for m, denom in norms]))
     return out, lses
 
 
+def _query_matrices(q: torch.Tensor, blk: Group, hkv: int, scale: float) -> torch.Tensor:
+    """The block's scaled query rows as per-KV-head matrices [g, Hkv, MR, D]: G*R real rows,
+    then zero rows up to ROW_TILE (their scores are exact zeros; their outputs are dropped)."""
+    n_seq, r = blk.rows.shape
+    hq, d = q.shape[1], q.shape[2]
+    qg = q.new_zeros(n_seq, hkv, blk.matrix_rows, d)
+    real = qg[:, :, : (hq // hkv) * r].unflatten(2, (hq // hkv, r))  # [g, Hkv, G, R, D]
+    first = blk.first_row
+    if first is not None:  # single rows in order (a decode step): a view, no gather
+        rows = q[first : first + n_seq].view(n_seq, 1, hkv, hq // hkv, d)
+    else:
+        rows = q[blk.rows].view(n_seq, r, hkv, hq // hkv, d)
+    torch.mul(rows.permute(0, 2, 3, 1, 4), scale, out=real)
+    return qg
+
+
 def _attend_block(
-    out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blk: Group
+    out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blk: Group, scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Write one block's output rows into out; return its softmax max and denominator, each
     [g, Hkv, G*R, 1] (the log-normaliser's parts)."""
-    qg, kg, vg = _gather_group(q, k, v, blk)
-    real = qg.shape[2]  # G*R rows; the GEMMs see MR = matrix_rows, the softmax only these
-    qg = pad_rows(qg, dim=2)  # [g, Hkv, MR, D]
+    hkv = k.shape[1]
+    qg, kg, vg = _query_matrices(q, blk, hkv, scale), _gather_keys(k, blk), _gather_keys(v, blk)
+    real = blk.g_heads * blk.rows.shape[1]  # G*R rows; the GEMMs see all MR, the softmax these
     mats = qg.shape[0] * qg.shape[1]
     s = gemm(mats * blk.kv_len, torch.matmul, qg, kg.transpose(-1, -2))  # [g, Hkv, MR, L]
     _mask(s[:, :, :real], blk, 0, float("-inf"))
     m = s[:, :, :real].amax(-1, keepdim=True)
-    s[:, :, real:] = 0.0  # padding rows: zero probabilities, dropped below
     chunk = blk.chunk_keys
     width = chunk // KV_TILE
     sums, pvs = [], []
@@ -117,7 +131,12 @@ def _attend_block(
                   vg[:, :, start : start + chunk].unflatten(2, (-1, KV_TILE)))  # [g, Hkv, T, MR, D]
         pvs.append(tree_sum(pv[:, :, :, :real], dim=2, width=width))  # [g, Hkv, G*R, D]
     denom = tree_sum(torch.stack(sums, -1), dim=-1).unsqueeze(-1)  # [g, Hkv, G*R, 1]
-    _scatter_group(out, tree_sum(torch.stack(pvs, 2), dim=2) / denom, blk)
+    pv = tree_sum(torch.stack(pvs, 2), dim=2)
+    first = blk.first_row
+    if first is not None:  # single rows in order: divide straight into the output rows
+        torch.div(pv, denom, out=out[first : first + len(blk.seqs)].view(pv.shape))
+    else:
+        _scatter_group(out, pv / denom, blk)
     return m, denom
 
 

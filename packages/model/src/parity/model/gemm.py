@@ -8,14 +8,14 @@ other paths, measured on AMD at 2-32 threads). That the BLAS keeps one reduction
 within this class is proved per machine (`parity.model.selfcheck`); see docs/parity.md.
 
 Linears that read the same input (q/k/v; gate/up) are one GEMM over their weights stacked by
-output: one pass over the input and one call instead of three or two. fp32 linears with
-weights of 2 MB or more run on oneDNN with that stacked weight reordered once into the
-blocked layout oneDNN picks for
+output: one pass over the input and one call instead of three or two. fp32 linears run on
+oneDNN with that stacked weight reordered once into the blocked layout oneDNN picks for
 ROW_TILE-row inputs, kept until a weight changes in place: MKL's fp32 GEMM re-packs the whole
 weight on every call, which left decode's few-row GEMMs compute-bound at about half the memory
-bandwidth (docs/benchmarks-engine.md). Every caller, the learner's forward included, gets the
-same prepared weight and so the same kernel; oneDNN picks its kernels by ISA flags, not by CPU
-vendor.
+bandwidth, and on AMD it ran the small GEMMs of the embedded model at half oneDNN's speed
+(docs/benchmarks-engine.md). Every caller, the learner's forward included, gets the same
+prepared weight and so the same kernel; oneDNN picks its kernels by ISA flags, not by CPU
+vendor. Other dtypes, and torch builds without oneDNN, run the stacked weight on MKL.
 
 In bfloat16 (x is bf16) the GEMM is this same fp32 GEMM on the bf16 values: the weights are
 rounded to bf16 once when prepared (fp32 masters and bf16 weights give the same prepared
@@ -37,11 +37,6 @@ from parity.model.blas import set_local_threads
 ROW_TILE = 8  # rows of every aligned GEMM operand are a multiple of this
 COLUMNS_PER_THREAD = 64  # an aligned GEMM runs on at most out_columns // this BLAS threads
 ONEDNN = torch.backends.mkldnn.is_available()
-# Weights of at least this many elements (2 MB in fp32) run on oneDNN: they stream from memory
-# at decode, where MKL's per-call re-packing costs most; below it oneDNN's per-call overhead
-# (~30 us, and a 2-thread region for a tiny GEMM) costs more than it saves. The choice depends
-# on the weight's shape alone, so every caller of a weight gets the same kernel.
-ONEDNN_MIN_WEIGHT = 2**19
 
 Part = tuple[torch.Tensor, torch.Tensor | None]  # a linear's weight [out, k] and bias [out]
 
@@ -69,10 +64,10 @@ def gemm(columns: int, fn: Callable[..., torch.Tensor], *args: torch.Tensor | No
         set_local_threads(before)
 
 
-def _on_onednn(ws: Sequence[torch.Tensor], dtype: torch.dtype) -> bool:
-    # oneDNN's reordered layouts are proved for fp32 operands (those of fp32 and bf16 models)
-    return (ONEDNN and accumulation_dtype(dtype) == torch.float32
-            and sum(w.numel() for w in ws) >= ONEDNN_MIN_WEIGHT)
+def _on_onednn(dtype: torch.dtype) -> bool:
+    # oneDNN's reordered layouts are proved for fp32 operands (those of fp32 and bf16 models);
+    # the choice depends on the dtype alone, so every caller of a weight gets the same kernel
+    return ONEDNN and accumulation_dtype(dtype) == torch.float32
 
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -101,7 +96,7 @@ def _prepared(ws: Sequence[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
     if hit is None or hit[0] != key:
         with torch.no_grad():
             w = torch.cat([_rounded(w, dtype) for w in ws]) if len(ws) > 1 else _rounded(ws[0], dtype)
-            if _on_onednn(ws, dtype):
+            if _on_onednn(dtype):
                 w = torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), ROW_TILE)
         hit = key, w
         _PREPARED[ws[0]] = hit
@@ -123,7 +118,7 @@ def _forward(flat: torch.Tensor, ws: Sequence[torch.Tensor], bs: Sequence[torch.
     dtype = flat.dtype
     w, b = _prepared(ws, dtype), _stacked_bias(ws, bs, dtype)
     x = flat.to(accumulation_dtype(dtype))
-    if _on_onednn(ws, dtype):
+    if _on_onednn(dtype):
         y = torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
     else:
         y = gemm(w.shape[0], F.linear, x, w, b)

@@ -3,7 +3,7 @@
 `aligned` (the default): every op gives each row the same bits whatever the number of rows
 in the call, the row's position among them, and the thread count. How, on CPU:
   * GEMMs hand the BLAS one shape class per weight (q/k/v stacked into one, gate/up into
-    one; weights of 2 MB or more on oneDNN, reordered once, the rest on MKL): the rows of
+    one; fp32 on oneDNN, each stacked weight reordered once): the rows of
     every aligned GEMM operand
     (linear inputs, attention query matrices) are zero-padded to a multiple of ROW_TILE, so
     no caller ever reaches the special paths BLAS libraries keep for 1-3 row calls (GEMV,

@@ -206,6 +206,15 @@ class Group:
         return first if torch.equal(self.seqs, torch.arange(first, first + len(self.seqs))) else None
 
     @cached_property
+    def first_row(self) -> int | None:
+        """r when the pieces are single rows r, r+1, ... in order (a decode step's rows:
+        its query matrices are then a view of the call's), else None."""
+        if self.rows.shape[1] != 1:
+            return None
+        first = int(self.rows[0, 0])
+        return first if torch.equal(self.rows[:, 0], torch.arange(first, first + len(self.rows))) else None
+
+    @cached_property
     def mask_from(self) -> int:
         """The first key some row may not see: every row sees the keys before its position."""
         return int(self.positions.min()) + 1
