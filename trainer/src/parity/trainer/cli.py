@@ -8,6 +8,7 @@ from __future__ import annotations
 import typer
 
 from parity.engine.cli import bench_engine
+from parity.core.memory import keep_freed_memory
 from parity.envs.cli import app as envs_app
 from parity.envs.desktop.cli import bench_desktop
 from parity.model import blas
@@ -45,4 +46,5 @@ app.add_typer(envs_app, name="envs", help="List, check and play environments.")
 
 def main() -> None:
     blas.configure()  # MKL's mode, before any command's first GEMM; Ray workers inherit it
+    keep_freed_memory()  # each step's tensors reuse pages instead of faulting new ones in
     app()

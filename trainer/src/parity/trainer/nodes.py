@@ -16,6 +16,8 @@ import os
 import socket
 from typing import TYPE_CHECKING, Any
 
+from parity.core.memory import keep_freed_memory
+
 if TYPE_CHECKING:
     from parity.model import ModelConfig
 
@@ -133,6 +135,7 @@ def place_process(num_threads: int, cores: list[int], cpus: float) -> int:
     if num_threads == 0:
         num_threads = max(1, round(cpus))
     torch.set_num_threads(num_threads)
+    keep_freed_memory()
     return num_threads
 
 
