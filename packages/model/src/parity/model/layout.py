@@ -4,6 +4,7 @@ and buckets every layer's attention walks (computed once per call, shared by all
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -44,15 +45,16 @@ class SeqLayout:
     def from_lengths(cls, lengths: list[int], offsets: list[int] | None = None) -> SeqLayout:
         """Sequences of `lengths` new tokens, each continuing after `offsets[s]` cached ones."""
         offsets = offsets or [0] * len(lengths)
-        starts, pos, s = [], [], 0
-        for n, off in zip(lengths, offsets, strict=True):
-            if n < 1:
-                raise ValueError("every sequence in a forward call needs at least one new token")
-            starts.append(s)
-            pos.append(torch.arange(off, off + n))
-            s += n
+        if len(offsets) != len(lengths):
+            raise ValueError(f"{len(lengths)} lengths but {len(offsets)} offsets")
+        if min(lengths, default=1) < 1:
+            raise ValueError("every sequence in a forward call needs at least one new token")
+        starts = list(itertools.accumulate(lengths, initial=0))[:-1]
+        # row i of sequence s sits at position offsets[s] + (i - starts[s])
+        shift = torch.tensor([off - start for off, start in zip(offsets, starts, strict=True)])
+        positions = torch.arange(sum(lengths)) + shift.repeat_interleave(torch.tensor(lengths))
         kv = [off + n for n, off in zip(lengths, offsets, strict=True)]
-        return cls(starts, list(lengths), torch.cat(pos), kv)
+        return cls(starts, list(lengths), positions, kv)
 
     @property
     def num_rows(self) -> int:
@@ -86,8 +88,10 @@ class SeqLayout:
         return {}
 
     def attention_scores(self, heads: int, kv_heads: int) -> int:
-        """Attention score elements (padded query-matrix rows x KV heads x keys) of one layer."""
-        return attention_scores(self.lengths, self.kv_lens, heads, kv_heads)
+        """Attention score elements (padded query-matrix rows x KV heads x keys) of one layer,
+        as `attention_scores` counts them: read off the groups the forward walks."""
+        return sum(len(g.seqs) * kv_heads * g.matrix_rows * g.kv_len
+                   for g in self.groups(heads // kv_heads))
 
     def _make_groups(self, g_heads: int) -> list[Group]:
         buckets: dict[tuple[int, int], list[tuple[int, int, int, int]]] = {}
@@ -244,11 +248,14 @@ class Group:
         """The pieces in runs whose scores fit BLOCK_SCORES per KV head (a piece alone may
         not), each visiting only its own pieces' key tiles: the tiles it skips would only add
         exact zeros."""
+        rows = self.matrix_rows
+        if len(self.seqs) * rows * self.kv_len <= BLOCK_SCORES:
+            return [self]  # one block: the group itself (a decode step's, usually)
         keys = (self.positions.amax(1) + 1).tolist()
         out, a = [], 0
         while a < len(keys):
             b, longest = a + 1, keys[a]
-            while b < len(keys) and (b + 1 - a) * self.matrix_rows * round_up(
+            while b < len(keys) and (b + 1 - a) * rows * round_up(
                     max(longest, keys[b]), KV_TILE) <= BLOCK_SCORES:
                 longest = max(longest, keys[b])
                 b += 1
