@@ -50,3 +50,12 @@ def test_engine_bench_multi_turn_serves_each_turns_prefix_from_the_cache():
             assert e["episode_s"] * 1000 == pytest.approx(3 * e["turn_ms_mean"], rel=1e-2)
         assert into["standard_over_aligned_latency"] == pytest.approx(
             into["standard"]["turn_ms_mean"] / into["aligned"]["turn_ms_mean"], rel=1e-2)
+
+
+def test_vllm_runs_asked_for_eager_compiled_or_both():
+    from parity.engine.bench import vllm_modes
+
+    assert vllm_modes(False, False) == []
+    assert vllm_modes(True, False) == [False]
+    assert vllm_modes(False, True) == [True]
+    assert vllm_modes(True, True) == [False, True]

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import typer
 
-from parity.engine.cli import bench_engine
 from parity.core.memory import keep_freed_memory
+from parity.engine.cli import bench_engine
 from parity.envs.cli import app as envs_app
 from parity.envs.desktop.cli import bench_desktop
 from parity.model import blas

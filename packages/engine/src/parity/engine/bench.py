@@ -93,7 +93,7 @@ CASES: tuple[Case, ...] = (
     Case("tiny long context 8192 + 64 new", "tiny", batch=4, prompt_len=8192, new_tokens=64,
          repeats=2, warm_prefix=True),
     Case("qwen2-0.5b batch 8 x 64 new", "qwen2-0.5b", batch=8, prompt_len=16, new_tokens=64,
-         repeats=1, tie_word_embeddings=True),
+         repeats=2, tie_word_embeddings=True),
 )
 """The default set."""
 
@@ -167,12 +167,13 @@ def _tokens_per_s(model: Decoder, case: Case, prompts: list[list[int]], params: 
     return sum(len(o.token_ids) for o in outs) / elapsed
 
 
-def run_case(case: Case, bandwidth: float, vllm: bool = False) -> dict:
+def run_case(case: Case, bandwidth: float, vllm: bool = False, vllm_compiled: bool = False) -> dict:
     """tokens/s per kernel mode, ratio = aligned / standard, and each mode's fraction of the
     bound batch x `bandwidth` (bytes/s) / weight bytes, for one case in fp32; under "bf16" the
     same for the model held in bf16 (its bound from bf16 weight bytes) and bf16 ÷ fp32 per
-    mode, all four runs interleaved per repeat; with `vllm`, vLLM's tokens/s on the same fp32
-    weights and requests too (parity.engine.vllm.bench)."""
+    mode, all four runs interleaved per repeat; with `vllm` (eager) or `vllm_compiled` (vLLM's
+    torch.compile), vLLM's tokens/s on the same fp32 weights and requests too
+    (parity.engine.vllm.bench), under "vllm_..." and "vllm_compiled_..."."""
     models = _models(case.shape, case.tie_word_embeddings)
     prompts, params = _requests(case, models["float32"].config.vocab_size)
     best = _interleaved(models, case.engine_config(), prompts[0], case.repeats,
@@ -196,15 +197,23 @@ def run_case(case: Case, bandwidth: float, vllm: bool = False) -> dict:
         if dtype != "float32":
             into.update({f"{m}_over_fp32": round(best[dtype, m] / best["float32", m], 3)
                          for m in MODES})
-    if vllm:
+    for compiled in vllm_modes(vllm, vllm_compiled):
         from parity.engine.vllm.bench import vllm_tokens_per_s
 
         limit = out["bandwidth_limit_tokens_per_s"]
-        tps = vllm_tokens_per_s(models["float32"], prompts, params, case.repeats, case.warm_prefix)
-        out.update({"vllm_tokens_per_s": round(tps, 1),
-                    "aligned_over_vllm": round(out["aligned_tokens_per_s"] / tps, 3),
-                    "vllm_fraction_of_limit": round(tps / limit, 3)})
+        tps = vllm_tokens_per_s(models["float32"], prompts, params, case.repeats, case.warm_prefix,
+                                compiled)
+        name = "vllm_compiled" if compiled else "vllm"
+        out.update({f"{name}_tokens_per_s": round(tps, 1),
+                    f"aligned_over_{name}": round(out["aligned_tokens_per_s"] / tps, 3),
+                    f"{name}_fraction_of_limit": round(tps / limit, 3)})
     return out
+
+
+def vllm_modes(vllm: bool, compiled: bool) -> list[bool]:
+    """vLLM's runs a case asks for, as `compiled` flags: eager with `vllm`, compiled too (or
+    only) with `compiled`."""
+    return [c for c, asked in ((False, vllm), (True, compiled)) if asked]
 
 
 class RolloutBackend(Protocol):
@@ -259,7 +268,7 @@ def run_episodes(gen: RolloutBackend, observations: list[list[list[int]]],
     return Episodes(turn_s, prompt_tokens, gen.num_cached_tokens - cached_before)
 
 
-def run_multi_turn_case(case: MultiTurnCase, vllm: bool = False) -> dict:
+def run_multi_turn_case(case: MultiTurnCase, vllm: bool = False, vllm_compiled: bool = False) -> dict:
     """Per kernel mode, the fastest of `repeats` runs of the case's episodes (repeat r's
     observations drawn from seed r), as `Episodes.report`, and standard ÷ aligned mean turn
     latency (> 1: aligned is faster), in fp32 and under "bf16" for the model held in bf16, all
@@ -281,32 +290,33 @@ def run_multi_turn_case(case: MultiTurnCase, vllm: bool = False) -> dict:
         into.update({m: best[dtype, m].report() for m in MODES})
         into["standard_over_aligned_latency"] = round(
             into["standard"]["turn_ms_mean"] / into["aligned"]["turn_ms_mean"], 3)
-    if vllm:
+    for compiled in vllm_modes(vllm, vllm_compiled):
         from parity.engine.vllm.bench import vllm_episodes
 
-        out["vllm"] = vllm_episodes(models["float32"], case, params, warm_prompt).report()
-        out["vllm_over_aligned_latency"] = round(
-            out["vllm"]["turn_ms_mean"] / out["aligned"]["turn_ms_mean"], 3)
+        name = "vllm_compiled" if compiled else "vllm"
+        out[name] = vllm_episodes(models["float32"], case, params, warm_prompt, compiled).report()
+        out[f"{name}_over_aligned_latency"] = round(
+            out[name]["turn_ms_mean"] / out["aligned"]["turn_ms_mean"], 3)
     return out
 
 
-def run_bench(names: list[str] | None = None, vllm: bool = False) -> dict:
+def run_bench(names: list[str] | None = None, vllm: bool = False, vllm_compiled: bool = False) -> dict:
     """Every default case (or those of CASES and ON_REQUEST whose name contains one of
-    `names`); with `vllm`, vLLM's side too, when its environment is built ("vllm" says its
-    version, or why it is missing)."""
+    `names`); with `vllm` (eager) and/or `vllm_compiled`, vLLM's side too, when its
+    environment is built ("vllm" says its version, or why it is missing)."""
     from parity.engine.vllm import VllmEnvError, check_vllm_env
     from parity.model.selfcheck import machine
 
     cases = list(CASES) if not names else [
         c for c in (*CASES, *ON_REQUEST) if any(n in c.name for n in names)]
     vllm_info = "not asked (--vllm)"
-    if vllm:
+    if vllm or vllm_compiled:
         try:
             vllm_info = check_vllm_env()["version"]
         except VllmEnvError as e:
-            vllm_info, vllm = str(e), False
+            vllm_info, vllm, vllm_compiled = str(e), False, False
     bandwidth = copy_bandwidth()
     return {"threads": torch.get_num_threads(), "machine": machine(), "bf16_support": bf16_support(),
             "copy_bandwidth_gb_s": round(bandwidth / 1e9, 2), "vllm": vllm_info,
-            "cases": [run_multi_turn_case(c, vllm) if isinstance(c, MultiTurnCase)
-                      else run_case(c, bandwidth, vllm) for c in cases]}
+            "cases": [run_multi_turn_case(c, vllm, vllm_compiled) if isinstance(c, MultiTurnCase)
+                      else run_case(c, bandwidth, vllm, vllm_compiled) for c in cases]}

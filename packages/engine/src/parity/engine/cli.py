@@ -83,7 +83,7 @@ def render_audit(report: dict) -> None:
 
 def _echo_episodes(label: str, e: dict) -> None:
     """One mode's line of the multi-turn case: per-turn latency, episode time, cache use."""
-    typer.echo(f"    {label:13s} turn ms mean {e['turn_ms_mean']:9.1f}  p50 {e['turn_ms_p50']:9.1f}  "
+    typer.echo(f"    {label:18s} turn ms mean {e['turn_ms_mean']:9.1f}  p50 {e['turn_ms_p50']:9.1f}  "
                f"p90 {e['turn_ms_p90']:9.1f}  max {e['turn_ms_max']:9.1f}  episodes "
                f"{e['episode_s']:7.2f} s  prompt tokens: {e['cached_tokens']} cached, "
                f"{e['prefilled_tokens']} prefilled")
@@ -96,9 +96,10 @@ def _echo_multi_turn(r: dict) -> None:
     for dtype, into in (("fp32", r), ("bf16", r["bf16"])):
         _echo_episodes(f"aligned {dtype}", into["aligned"])
         _echo_episodes(f"standard {dtype}", into["standard"])
-        if dtype == "fp32" and "vllm" in r:
-            _echo_episodes("vLLM fp32", r["vllm"])
-            typer.echo(f"    vLLM ÷ aligned turn latency {r['vllm_over_aligned_latency']:.3f}")
+        for name, label in (("vllm", "vLLM"), ("vllm_compiled", "vLLM compiled")):
+            if dtype == "fp32" and name in r:
+                _echo_episodes(f"{label} fp32", r[name])
+                typer.echo(f"    {label} ÷ aligned turn latency {r[f'{name}_over_aligned_latency']:.3f}")
         typer.echo(f"    standard ÷ aligned turn latency in {dtype} "
                    f"{into['standard_over_aligned_latency']:.3f}")
 
@@ -112,6 +113,8 @@ def bench_engine(
     threads: int = typer.Option(0, "--threads", help="torch threads (0: leave torch's default)."),
     vllm: bool = typer.Option(False, "--vllm", help="Also time vLLM on the same weights and "
                               "requests (its environment: scripts/build_vllm_env.sh)."),
+    vllm_compiled: bool = typer.Option(False, "--vllm-compiled", help="Also time vLLM with its "
+                                       "torch.compile (about a minute of start-up per case)."),
 ) -> None:
     """Generation tokens/s, aligned vs standard kernels (and vLLM with --vllm), on the tiny
     and ~0.5B Qwen2 shapes; per-turn latency of multi-turn episodes on the tiny shape."""
@@ -121,7 +124,7 @@ def bench_engine(
 
     if threads:
         torch.set_num_threads(threads)
-    report = run_bench(case or None, vllm=vllm)
+    report = run_bench(case or None, vllm=vllm, vllm_compiled=vllm_compiled)
     if json_:
         typer.echo(json.dumps(report, indent=2))
         return
@@ -136,14 +139,16 @@ def bench_engine(
                    f"standard {r['standard_tokens_per_s']:9.1f} tok/s  ratio {r['ratio']:.3f}  "
                    f"bandwidth bound {r['bandwidth_limit_tokens_per_s']:9.1f} tok/s "
                    f"(aligned {r['aligned_fraction_of_limit']:.0%})")
-        if "vllm_tokens_per_s" in r:
-            typer.echo(f"  {'':36s} vLLM {r['vllm_tokens_per_s']:12.1f} tok/s  aligned ÷ vLLM "
-                       f"{r['aligned_over_vllm']:.3f}  (vLLM {r['vllm_fraction_of_limit']:.0%} of the bound)")
+        for name, label in (("vllm", "vLLM"), ("vllm_compiled", "vLLM compiled")):
+            if f"{name}_tokens_per_s" in r:
+                typer.echo(f"  {'':36s} {label:13s} {r[f'{name}_tokens_per_s']:9.1f} tok/s  aligned ÷ "
+                           f"{label} {r[f'aligned_over_{name}']:.3f}  ({label} "
+                           f"{r[f'{name}_fraction_of_limit']:.0%} of the bound)")
         b = r["bf16"]
         typer.echo(f"  {'  in bf16':36s} aligned {b['aligned_tokens_per_s']:9.1f} tok/s  "
                    f"standard {b['standard_tokens_per_s']:9.1f} tok/s  ratio {b['ratio']:.3f}  "
                    f"bf16 ÷ fp32: aligned {b['aligned_over_fp32']:.3f}, standard {b['standard_over_fp32']:.3f}")
     s = report["bf16_support"]
     typer.echo(f"CPU bf16: AVX512-BF16 {s['avx512_bf16']}, AMX {s['amx_bf16']}, oneDNN bf16 {s['onednn_bf16']}")
-    if vllm and not any("vllm_tokens_per_s" in r or "vllm" in r for r in report["cases"]):
+    if (vllm or vllm_compiled) and not any(k.startswith("vllm") for r in report["cases"] for k in r):
         typer.echo(f"  vLLM not timed: {report['vllm']}")
