@@ -104,8 +104,8 @@ class PagedKV:
     slabs (pool seen as [blocks * Hkv, block_size * D]) that make up each sequence's keys of
     each head, in [S, Hkv, L, D] order, from its block table padded to L keys; padding points
     at block 0, whose values are finite and which attention masks out. With a `dense` batch,
-    L is its capacity and `rows` [N * Hkv] is where each new row's vectors go in it, seen as
-    [S * Hkv * L, D]; a `rebuild` call gathers every layer from the pool into it.
+    `rows` [N * Hkv] is where each new row's vectors go in it, seen as [S * Hkv * L, D]; a
+    `rebuild` call gathers every layer from the pool into it.
     """
 
     def __init__(self, pool: KVPool, slots: torch.Tensor, slabs: torch.Tensor,
@@ -126,8 +126,6 @@ class PagedKV:
             rebuild = dense.claim(seq_ids, offsets, length)
         if rebuild is None:
             dense = None
-        else:
-            length = dense.capacity
         n_blocks = length // bs
         padded = torch.tensor(
             [t[:n_blocks] + [0] * (n_blocks - len(t)) for t in tables], dtype=torch.long
@@ -156,16 +154,15 @@ class PagedKV:
         if self.dense is None:  # gather every sequence's keys and values for this call only
             return tuple(store.view(-1, bs * d).index_select(0, self.slabs).view(s, hkv, n, d)
                          for store in stores)
-        length = self.dense.capacity
-        held = self.dense.layer(layer, s * hkv * length * d)
+        held = self.dense.layer(layer, s * hkv * n * d)
         out = []
         for store, new, buf in zip(stores, news, held, strict=True):
-            buf = buf[: s * hkv * length * d]
+            buf = buf[: s * hkv * n * d]
             if self.rebuild:
                 torch.index_select(store.view(-1, bs * d), 0, self.slabs, out=buf.view(-1, bs * d))
             else:
                 buf.view(-1, d).index_copy_(0, self.rows, new)
-            out.append(buf.view(s, hkv, length, d)[:, :, :n])
+            out.append(buf.view(s, hkv, n, d))
         if layer == len(self.dense.buffers) - 1:
             self.dense.written(layout.kv_lens)
         return out[0], out[1]
