@@ -125,6 +125,15 @@ def _forward(flat: torch.Tensor, ws: Sequence[torch.Tensor], bs: Sequence[torch.
     return y.to(dtype)
 
 
+def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a [m, k] @ b [k, n] for gradients, which need to be correct, not row-invariant: on
+    oneDNN for fp32 (as b's transpose, a plain weight), where MKL ran the learner's backward
+    GEMMs at under half oneDNN's speed on AMD Zen 5 (docs/benchmarks.md), else torch's."""
+    if not _on_onednn(a.dtype):
+        return a @ b
+    return torch.ops.mkldnn._linear_pointwise(a.contiguous(), b.t().contiguous(), None, "none", [], "")
+
+
 class _Linears(torch.autograd.Function):
     """The stacked forward; the ordinary gradients of each linear for backward."""
 
@@ -137,15 +146,18 @@ class _Linears(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
-        # in fp32, with the weights as the forward used them; each gradient in its input's dtype
+        # in fp32, with the weights as the forward used them; each gradient in its input's
+        # dtype; one GEMM for the input's gradient and one for all the weights' (stacked)
         flat, *ws = ctx.saved_tensors
         dtype = flat.dtype
         x = flat.to(accumulation_dtype(dtype))
-        grads = grad.to(x.dtype).split([w.shape[0] for w in ws], dim=-1)
-        gx = sum(g @ _rounded(w, dtype) for g, w in zip(grads, ws, strict=True))
-        gws = [(g.t() @ x).to(w.dtype) for g, w in zip(grads, ws, strict=True)]
+        grad = grad.to(x.dtype)
+        w = torch.cat([_rounded(w, dtype) for w in ws]) if len(ws) > 1 else _rounded(ws[0], dtype)
+        gx = _matmul(grad, w)
+        gws = _matmul(grad.t(), x).split([w.shape[0] for w in ws])
+        grads = grad.split([w.shape[0] for w in ws], dim=-1)
         gbs = [None if dt is None else g.sum(0).to(dt) for g, dt in zip(grads, ctx.bias_dtypes, strict=True)]
-        return gx.to(dtype), None, *gws, *gbs
+        return gx.to(dtype), None, *(g.to(w.dtype) for g, w in zip(gws, ws, strict=True)), *gbs
 
 
 def linears_aligned(x: torch.Tensor, parts: Sequence[Part]) -> list[torch.Tensor]:
