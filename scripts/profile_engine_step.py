@@ -2,6 +2,7 @@
 
     uv run python scripts/profile_engine_step.py "tiny batch"            # 64 x 128 new
     uv run python scripts/profile_engine_step.py qwen2-0.5b --new-tokens 32 --repeats 3
+    uv run python scripts/profile_engine_step.py "tiny batch" --threads 1   # as a rollout actor
 
 Runs the case's requests under aligned and standard kernels in turn (`--repeats` rounds,
 interleaved, after a warm-up; the fastest round per mode is shown, as the bench does) and
@@ -45,9 +46,12 @@ def _timed(clocks: Clocks, key: Callable[..., str], fn: Callable[..., Any]) -> C
 
 
 def _linear_key(x: torch.Tensor, *rest: Any) -> str:
-    w = rest[0] if isinstance(rest[0], torch.Tensor) else rest[0][0][0]
+    """"linear decode 256->1024 (3 weights)": rows over 64 count as prefill."""
+    ws = [rest[0]] if isinstance(rest[0], torch.Tensor) else [w for w, _ in rest[0]]
     rows = x.numel() // x.shape[-1]
-    return f"linear {'prefill' if rows > 64 else 'decode'} {w.shape[1]}->{w.shape[0]}"
+    stacked = f" ({len(ws)} weights)" if len(ws) > 1 else ""
+    return (f"linear {'prefill' if rows > 64 else 'decode'} {ws[0].shape[1]}->"
+            f"{sum(w.shape[0] for w in ws)}{stacked}")
 
 
 def instrument(clocks: Clocks) -> None:
@@ -66,7 +70,10 @@ def main() -> None:
     ap.add_argument("case", help="a `parity bench engine` case, by part of its name")
     ap.add_argument("--new-tokens", type=int, default=0, help="instead of the case's own")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     blas.configure()
     keep_freed_memory()
     case = next(c for c in CASES if args.case in c.name)
