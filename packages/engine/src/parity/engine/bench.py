@@ -203,11 +203,15 @@ def run_case(case: Case, bandwidth: float, vllm: bool = False, vllm_compiled: bo
         limit = out["bandwidth_limit_tokens_per_s"]
         tps = vllm_tokens_per_s(models["float32"], prompts, params, case.repeats, case.warm_prefix,
                                 compiled)
-        name = "vllm_compiled" if compiled else "vllm"
+        name = VLLM_RUNS[compiled][0]
         out.update({f"{name}_tokens_per_s": round(tps, 1),
                     f"aligned_over_{name}": round(out["aligned_tokens_per_s"] / tps, 3),
                     f"{name}_fraction_of_limit": round(tps / limit, 3)})
     return out
+
+
+VLLM_RUNS = {False: ("vllm", "vLLM"), True: ("vllm_compiled", "vLLM compiled")}
+"""vLLM's runs by `compiled` flag: the name of their keys in a case's report, and their label."""
 
 
 def vllm_modes(vllm: bool, compiled: bool) -> list[bool]:
@@ -293,7 +297,7 @@ def run_multi_turn_case(case: MultiTurnCase, vllm: bool = False, vllm_compiled: 
     for compiled in vllm_modes(vllm, vllm_compiled):
         from parity.engine.vllm.bench import vllm_episodes
 
-        name = "vllm_compiled" if compiled else "vllm"
+        name = VLLM_RUNS[compiled][0]
         out[name] = vllm_episodes(models["float32"], case, params, warm_prompt, compiled).report()
         out[f"{name}_over_aligned_latency"] = round(
             out[name]["turn_ms_mean"] / out["aligned"]["turn_ms_mean"], 3)

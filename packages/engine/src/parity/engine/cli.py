@@ -91,12 +91,14 @@ def _echo_episodes(label: str, e: dict) -> None:
 
 def _echo_multi_turn(r: dict) -> None:
     """The multi-turn case as text: each mode's line, in fp32 (and vLLM), then in bf16."""
+    from parity.engine.bench import VLLM_RUNS
+
     typer.echo(f"  {r['case']}: {r['episodes']} episodes of {r['turns']} turns to "
                f"{r['context_len']} tokens (> 1: aligned has the lower mean turn latency)")
     for dtype, into in (("fp32", r), ("bf16", r["bf16"])):
         _echo_episodes(f"aligned {dtype}", into["aligned"])
         _echo_episodes(f"standard {dtype}", into["standard"])
-        for name, label in (("vllm", "vLLM"), ("vllm_compiled", "vLLM compiled")):
+        for name, label in VLLM_RUNS.values():
             if dtype == "fp32" and name in r:
                 _echo_episodes(f"{label} fp32", r[name])
                 typer.echo(f"    {label} ÷ aligned turn latency {r[f'{name}_over_aligned_latency']:.3f}")
@@ -120,7 +122,7 @@ def bench_engine(
     and ~0.5B Qwen2 shapes; per-turn latency of multi-turn episodes on the tiny shape."""
     import torch
 
-    from parity.engine.bench import run_bench
+    from parity.engine.bench import VLLM_RUNS, run_bench
 
     if threads:
         torch.set_num_threads(threads)
@@ -139,7 +141,7 @@ def bench_engine(
                    f"standard {r['standard_tokens_per_s']:9.1f} tok/s  ratio {r['ratio']:.3f}  "
                    f"bandwidth bound {r['bandwidth_limit_tokens_per_s']:9.1f} tok/s "
                    f"(aligned {r['aligned_fraction_of_limit']:.0%})")
-        for name, label in (("vllm", "vLLM"), ("vllm_compiled", "vLLM compiled")):
+        for name, label in VLLM_RUNS.values():
             if f"{name}_tokens_per_s" in r:
                 typer.echo(f"  {'':36s} {label:13s} {r[f'{name}_tokens_per_s']:9.1f} tok/s  aligned ÷ "
                            f"{label} {r[f'aligned_over_{name}']:.3f}  ({label} "

@@ -53,47 +53,44 @@ class DenseBatch:
         # per layer, flat buffers for K and V, reused while large enough
         self.buffers: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * layers
         self.seq_ids: list[int] = []
-        self.kv_lens: list[int] = []  # each sequence's keys held, valid only when `ready`
+        self.kv_lens: list[int] | None = None  # each sequence's keys held; None while a step writes
         self.capacity = 0
-        self.ready = False
         self.rebuilds = 0  # steps that gathered from the pool into it
 
     def claim(self, seq_ids: list[int], offsets: list[int], kv_len: int) -> bool | None:
         """Whether a step of these sequences (continuing after `offsets` keys, up to `kv_len`
         keys padded) reads from here: False if served as held, True if rebuilt for them,
         None if it runs without."""
-        served = (self.ready and self.seq_ids == seq_ids and self.kv_lens == offsets
-                  and kv_len == self.capacity)
-        self.ready = False  # until the step has written its last layer
+        served = self.seq_ids == seq_ids and self.kv_lens == offsets and kv_len == self.capacity
+        self.kv_lens = None  # until the step has written its last layer
         if served:
             return False
+        self.forget()
         # exactly the keys the step reads: attention's P*V views its keys and values as
         # [S, Hkv, tiles, KV_TILE, D] batches, which a longer buffer would make it copy
         # (decode then rebuilds once every KV_TILE steps)
-        capacity = kv_len
         pool = self.pool
-        per_layer = len(seq_ids) * len(pool.heads) * capacity * pool.k.shape[-1] * pool.k.element_size()
-        self.seq_ids, self.kv_lens, self.capacity = [], [], 0
+        per_layer = len(seq_ids) * len(pool.heads) * kv_len * pool.k.shape[-1] * pool.k.element_size()
         if 2 * len(self.buffers) * per_layer > self.max_bytes:
             return None
-        self.seq_ids, self.capacity = list(seq_ids), capacity
+        self.seq_ids, self.capacity = list(seq_ids), kv_len
         self.rebuilds += 1
         return True
 
     def layer(self, layer: int, numel: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Layer's K and V buffers of at least `numel` elements (flat, uninitialised if new)."""
+        """Layer's K and V buffers of exactly `numel` elements (flat, uninitialised if new)."""
         held = self.buffers[layer]
         if held is None or held[0].numel() < numel:
             held = self.buffers[layer] = (self.pool.k.new_empty(numel), self.pool.v.new_empty(numel))
-        return held
+        return held[0][:numel], held[1][:numel]
 
     def written(self, kv_lens: list[int]) -> None:
         """A step wrote every layer: the sequences now hold `kv_lens` keys."""
-        self.kv_lens, self.ready = list(kv_lens), True
+        self.kv_lens = list(kv_lens)
 
     def forget(self) -> None:
         """Rebuild at the next step (the pool's K/V changed: new weights)."""
-        self.seq_ids, self.kv_lens, self.capacity, self.ready = [], [], 0, False
+        self.seq_ids, self.kv_lens, self.capacity = [], None, 0
 
 
 class PagedKV:
@@ -147,22 +144,18 @@ class PagedKV:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         s, n = len(layout.lengths), layout.max_kv_len
         hkv, bs, d = self.pool.k.shape[2:]
-        news = [new.to(self.pool.k.dtype).reshape(-1, d) for new in (k, v)]
         stores = [self.pool.k[layer], self.pool.v[layer]]
-        for store, new in zip(stores, news, strict=True):
-            store.view(-1, d).index_copy_(0, self.slots, new)
-        if self.dense is None:  # gather every sequence's keys and values for this call only
-            return tuple(store.view(-1, bs * d).index_select(0, self.slabs).view(s, hkv, n, d)
-                         for store in stores)
-        held = self.dense.layer(layer, s * hkv * n * d)
+        held = self.dense.layer(layer, s * hkv * n * d) if self.dense is not None else (None, None)
         out = []
-        for store, new, buf in zip(stores, news, held, strict=True):
-            buf = buf[: s * hkv * n * d]
-            if self.rebuild:
-                torch.index_select(store.view(-1, bs * d), 0, self.slabs, out=buf.view(-1, bs * d))
-            else:
+        for store, new, buf in zip(stores, (k, v), held, strict=True):
+            new = new.to(store.dtype).reshape(-1, d)
+            store.view(-1, d).index_copy_(0, self.slots, new)
+            if buf is not None and not self.rebuild:  # served: only the new rows change
                 buf.view(-1, d).index_copy_(0, self.rows, new)
+            else:  # every sequence's keys and values, from the pool (into the dense batch)
+                buf = torch.index_select(store.view(-1, bs * d), 0, self.slabs,
+                                         out=None if buf is None else buf.view(-1, bs * d))
             out.append(buf.view(s, hkv, n, d))
-        if layer == len(self.dense.buffers) - 1:
+        if self.dense is not None and layer == len(self.dense.buffers) - 1:
             self.dense.written(layout.kv_lens)
         return out[0], out[1]

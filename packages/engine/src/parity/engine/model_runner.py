@@ -25,7 +25,7 @@ class Sampled:
 
 
 class ModelRunner:
-    def __init__(self, model: Decoder, num_blocks: int, block_size: int, dense_kv_mib: int = 0) -> None:
+    def __init__(self, model: Decoder, num_blocks: int, block_size: int, dense_kv_mib: int) -> None:
         self.model = model.eval()
         self.pool = KVPool(model.config, num_blocks, block_size, model.compute_dtype)
         self.dense = DenseBatch(self.pool, dense_kv_mib * 2**20)

@@ -42,12 +42,20 @@ def tree_sum(x: torch.Tensor, dim: int, width: int | None = None) -> torch.Tenso
     return x.squeeze(dim)
 
 
-def _gather_rows(x: torch.Tensor, grp: Group, hkv: int) -> torch.Tensor:
-    """Query-shaped rows x [N, Hq, D] of the group as per-KV-head matrices [g, Hkv, G*R, D]."""
+def _rows(x: torch.Tensor, grp: Group, hkv: int) -> torch.Tensor:
+    """Query-shaped rows x [N, Hq, D] of the group as [g, Hkv, G, R, D]: a view when the
+    pieces are single rows in order (a decode step), else a gather."""
     n_seq, r = grp.rows.shape
     hq, d = x.shape[1], x.shape[2]
-    xg = x[grp.rows].view(n_seq, r, hkv, hq // hkv, d).permute(0, 2, 3, 1, 4)
-    return xg.reshape(n_seq, hkv, (hq // hkv) * r, d)
+    first = grp.first_row
+    xg = x[grp.rows] if first is None else x[first : first + n_seq].unsqueeze(1)
+    return xg.view(n_seq, r, hkv, hq // hkv, d).permute(0, 2, 3, 1, 4)
+
+
+def _gather_rows(x: torch.Tensor, grp: Group, hkv: int) -> torch.Tensor:
+    """Query-shaped rows x [N, Hq, D] of the group as per-KV-head matrices [g, Hkv, G*R, D]."""
+    xg = _rows(x, grp, hkv)
+    return xg.reshape(*xg.shape[:2], -1, xg.shape[-1])
 
 
 def _gather_keys(k: torch.Tensor, grp: Group) -> torch.Tensor:
@@ -66,10 +74,14 @@ def _gather_group(
 
 
 def _scatter_group(out: torch.Tensor, og: torch.Tensor, grp: Group) -> None:
-    """Write the real rows of per-KV-head matrices og [g, Hkv, G*R, D] back to out [N, Hq, D]."""
+    """Write the real rows of per-KV-head matrices og [g, Hkv, G*R, D] back to out [N, Hq, D]
+    (single rows in order: one copy into a view of out)."""
     n_seq, r = grp.rows.shape
     hq, d = out.shape[1], out.shape[2]
     hkv = og.shape[1]
+    if grp.first_row is not None:
+        _rows(out, grp, hkv).copy_(og.view(n_seq, hkv, hq // hkv, 1, d))
+        return
     og = og.reshape(n_seq, hkv, hq // hkv, r, d)
     out[grp.out_rows] = og.permute(0, 3, 1, 2, 4).reshape(n_seq, r, hq, d)[grp.valid]
 
@@ -91,16 +103,10 @@ def _attention_aligned_fwd(
 def _query_matrices(q: torch.Tensor, blk: Group, hkv: int, scale: float) -> torch.Tensor:
     """The block's scaled query rows as per-KV-head matrices [g, Hkv, MR, D]: G*R real rows,
     then zero rows up to ROW_TILE (their scores are exact zeros; their outputs are dropped)."""
-    n_seq, r = blk.rows.shape
-    hq, d = q.shape[1], q.shape[2]
-    qg = q.new_zeros(n_seq, hkv, blk.matrix_rows, d)
-    real = qg[:, :, : (hq // hkv) * r].unflatten(2, (hq // hkv, r))  # [g, Hkv, G, R, D]
-    first = blk.first_row
-    if first is not None:  # single rows in order (a decode step): a view, no gather
-        rows = q[first : first + n_seq].view(n_seq, 1, hkv, hq // hkv, d)
-    else:
-        rows = q[blk.rows].view(n_seq, r, hkv, hq // hkv, d)
-    torch.mul(rows.permute(0, 2, 3, 1, 4), scale, out=real)
+    rows = _rows(q, blk, hkv)  # [g, Hkv, G, R, D]
+    g_r = rows.shape[2] * rows.shape[3]
+    qg = q.new_zeros(rows.shape[0], hkv, blk.matrix_rows, q.shape[2])
+    torch.mul(rows, scale, out=qg[:, :, :g_r].unflatten(2, rows.shape[2:4]))
     return qg
 
 
@@ -131,12 +137,7 @@ def _attend_block(
                   vg[:, :, start : start + chunk].unflatten(2, (-1, KV_TILE)))  # [g, Hkv, T, MR, D]
         pvs.append(tree_sum(pv[:, :, :, :real], dim=2, width=width))  # [g, Hkv, G*R, D]
     denom = tree_sum(torch.stack(sums, -1), dim=-1).unsqueeze(-1)  # [g, Hkv, G*R, 1]
-    pv = tree_sum(torch.stack(pvs, 2), dim=2)
-    first = blk.first_row
-    if first is not None:  # single rows in order: divide straight into the output rows
-        torch.div(pv, denom, out=out[first : first + len(blk.seqs)].view(pv.shape))
-    else:
-        _scatter_group(out, pv / denom, blk)
+    _scatter_group(out, tree_sum(torch.stack(pvs, 2), dim=2) / denom, blk)
     return m, denom
 
 

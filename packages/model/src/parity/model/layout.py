@@ -183,6 +183,12 @@ def _query_rows(n: int) -> int:
     return 1 if n == 1 else round_up(n, ATTENTION_ROW_MULTIPLE)
 
 
+def _consecutive(t: torch.Tensor) -> int | None:
+    """t[0] when the 1-d tensor t is t[0], t[0] + 1, ..., else None."""
+    first = int(t[0])
+    return first if torch.equal(t, torch.arange(first, first + len(t))) else None
+
+
 @dataclass
 class Group:
     seqs: torch.Tensor  # [g] the sequence each piece belongs to
@@ -206,17 +212,13 @@ class Group:
     def first_seq(self) -> int | None:
         """s when the pieces are sequences s, s+1, ... in order (their keys are then a slice
         of the call's, not a gather), else None."""
-        first = int(self.seqs[0])
-        return first if torch.equal(self.seqs, torch.arange(first, first + len(self.seqs))) else None
+        return _consecutive(self.seqs)
 
     @cached_property
     def first_row(self) -> int | None:
         """r when the pieces are single rows r, r+1, ... in order (a decode step's rows:
         its query matrices are then a view of the call's), else None."""
-        if self.rows.shape[1] != 1:
-            return None
-        first = int(self.rows[0, 0])
-        return first if torch.equal(self.rows[:, 0], torch.arange(first, first + len(self.rows))) else None
+        return _consecutive(self.rows[:, 0]) if self.rows.shape[1] == 1 else None
 
     @cached_property
     def mask_from(self) -> int:
