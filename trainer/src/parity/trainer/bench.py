@@ -80,6 +80,8 @@ def _arm(name: str, runs: list[dict[str, Any]], sync: list[dict[str, Any]]) -> d
         diffs = [a - s["heldout_success_after"] for a, s in zip(after, sync, strict=True)]
         arm["heldout_vs_sync"], arm["heldout_vs_sync_sem"] = _mean_sem(diffs)
     arm["final_reward"] = statistics.fmean(r["final_reward"] for r in runs)
+    arm["utilisation"] = {a: statistics.fmean(r["utilisation"][a] for r in runs)
+                          for a in runs[0]["utilisation"]}
     return arm
 
 
@@ -88,21 +90,22 @@ def bench_async(config: Path | None, steps: int, out: Path, overrides: list[str]
                 track: tuple[bool, ...] = TRACK_MISMATCH,
                 log: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
     """Run every (lag, track_mismatch) pair of `config` (None: the embedded default job) on
-    of `seeds` seeds from the config's `train.seed` on; sync (lag 0) always runs, as the baseline.
+    `seeds` seeds from the config's `train.seed` on; sync (lag 0) always runs, as the baseline.
     Per run (`runs`): updates/hour over the step wall time (Ray and actor start-up and
     held-out evaluation excluded), held-out success before and after
     (`eval.heldout_episodes`), the reward of the last quarter of steps, and per actor its
     utilisation and exclusive-state shares (`parity profile`). Per arm (`arms`): updates/hour
     over all its seeds and the ratio to sync's, held-out success's mean and its difference
-    from sync on the same seeds, each with its standard error."""
+    from sync on the same seeds, each with its standard error, and mean utilisation."""
     if out.exists() and any(out.iterdir()):
         # a run directory that holds a run would be continued, mixing its steps into these
         raise FileExistsError(f"--out: {out} is not empty; give a new directory")
     first = load_train_config(config, overrides).train.seed
+    seed_list = list(range(first, first + seeds))
     lags = (0, *sorted(set(lags) - {0}))
     runs: list[dict[str, Any]] = []
     total = seeds * len(lags) * len(track)
-    for seed in range(first, first + seeds):
+    for seed in seed_list:
         for lag in lags:
             for t in track:
                 name = arm_name(lag, t)
@@ -123,5 +126,5 @@ def bench_async(config: Path | None, steps: int, out: Path, overrides: list[str]
             name = arm_name(lag, t)
             sync = [r for r in runs if r["name"] == arm_name(0, t)]
             arms.append(_arm(name, [r for r in runs if r["name"] == name], sync))
-    return {"config": str(config) if config else "(embedded default)",
-            "overrides": overrides, "steps": steps, "seeds": list(range(first, first + seeds)), "arms": arms, "runs": runs}
+    return {"config": str(config) if config else "(embedded default)", "overrides": overrides,
+            "steps": steps, "seeds": seed_list, "arms": arms, "runs": runs}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import statistics
 import time
 from pathlib import Path
 from typing import Annotated
@@ -264,7 +263,7 @@ def bench_async(
         raise typer.Exit(2)
     out = out or Path("runs") / time.strftime("bench-async-%Y%m%d-%H%M%S")
     try:
-        res = run_bench(config, steps, out, set_ or [], seeds, tuple(lag or LAGS[1:]),
+        res = run_bench(config, steps, out, set_ or [], seeds, tuple(lag or LAGS),
                         tracks[split], log=lambda line: typer.echo(line, err=True))
     except (ConfigError, FileNotFoundError, FileExistsError) as e:
         typer.echo(f"parity bench async: {e}", err=True)
@@ -273,16 +272,14 @@ def bench_async(
         typer.echo(json.dumps(res, indent=2))
         return
     for arm in res["arms"]:
-        runs = [r for r in res["runs"] if r["name"] == arm["name"]]
-        busy = ", ".join(f"{a} {100 * statistics.fmean(r['utilisation'][a] for r in runs):.0f}%"
-                         for a in runs[0]["utilisation"])
+        busy = ", ".join(f"{a} {100 * u:.0f}%" for a, u in arm["utilisation"].items())
         typer.echo(f"{arm['name']:>20}: {arm['updates_per_hour']:8.0f} updates/h "
                    f"({arm['speedup_vs_sync']:.2f}x sync), held-out success "
                    f"{_heldout(arm)}, busy: {busy}")
 
 
 def _heldout(arm: dict) -> str:
-    """'48.4%' from one seed; '48.4% ± 2.3 (sync - 1.6 ± 1.9)' from several."""
+    """'48.4%' from one seed; '48.4% ± 2.3 (sync -1.6 ± 1.9)' from several."""
     if "heldout_success_after" not in arm:
         return "not evaluated"
     text = f"{100 * arm['heldout_success_after']:.1f}%"
