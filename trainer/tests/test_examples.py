@@ -8,7 +8,8 @@ import pytest
 
 from parity.trainer.config import load_train_config
 
-EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.toml"))
+EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = sorted(EXAMPLES_DIR.glob("*.toml"))
 
 
 def test_examples_exist():
@@ -29,7 +30,7 @@ def test_example_config_validates(path):
 def test_waiting_env_keeps_the_embedded_task():
     """The example adds sandbox latency to the embedded env's kwargs rather than replacing
     them: replaced, the job would train on tasks its model cannot solve."""
-    cfg = load_train_config(Path(__file__).resolve().parents[2] / "examples" / "waiting_env.toml")
+    cfg = load_train_config(EXAMPLES_DIR / "waiting_env.toml")
     assert cfg.env.id == "parity/PythonTool-v0"
     assert cfg.env.kwargs == {"difficulty": 0, "kinds": ["mul"], "backend": "local",
                               "sandbox_latency_s": 2.0}

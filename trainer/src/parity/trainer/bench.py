@@ -116,15 +116,14 @@ def bench_async(config: Path | None, steps: int, out: Path, overrides: list[str]
                 runs.append({"name": name, **row})
                 log(f"  {row['updates_per_hour']:.0f} updates/h, held-out success "
                     f"{row['heldout_success_after']}")
-    for r in runs:
-        base = next(b for b in runs if b["max_lag"] == 0 and b["seed"] == r["seed"]
-                    and b["track_mismatch"] == r["track_mismatch"])["updates_per_hour"]
-        r["speedup_vs_sync"] = r["updates_per_hour"] / base if base else 0.0
     arms = []
     for lag in lags:
         for t in track:
             name = arm_name(lag, t)
-            sync = [r for r in runs if r["name"] == arm_name(0, t)]
-            arms.append(_arm(name, [r for r in runs if r["name"] == name], sync))
+            mine = [r for r in runs if r["name"] == name]
+            sync = [r for r in runs if r["name"] == arm_name(0, t)]  # same seeds, same order
+            for r, s in zip(mine, sync, strict=True):
+                r["speedup_vs_sync"] = r["updates_per_hour"] / s["updates_per_hour"]
+            arms.append(_arm(name, mine, sync))
     return {"config": str(config) if config else "(embedded default)", "overrides": overrides,
             "steps": steps, "seeds": seed_list, "arms": arms, "runs": runs}

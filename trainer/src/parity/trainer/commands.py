@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -278,7 +278,7 @@ def bench_async(
                    f"{_heldout(arm)}, busy: {busy}")
 
 
-def _heldout(arm: dict) -> str:
+def _heldout(arm: dict[str, Any]) -> str:
     """'48.4%' from one seed; '48.4% ± 2.3 (sync -1.6 ± 1.9)' from several."""
     if "heldout_success_after" not in arm:
         return "not evaluated"
