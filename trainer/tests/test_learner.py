@@ -55,7 +55,8 @@ def test_micro_batches_respect_token_budget() -> None:
 
 def test_d3_splits_into_mismatch_and_lag() -> None:
     model = TinyLM()
-    learner = Learner(_cfg(), model, token_logprobs)
+    # every sequence split (the default samples a quarter): is/d3 is then mismatch plus lag
+    learner = Learner(_cfg(train={"mismatch_share": 1.0}), model, token_logprobs)
     g0 = _groups(model, version=0)  # μ = π_θ0 exactly: aligned sampling at version 0
     m0 = learner.train_step(g0)
     assert m0["is/d3"] == m0["is/d3_mismatch"] == m0["is/d3_lag"] == 0.0

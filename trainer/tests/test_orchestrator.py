@@ -87,7 +87,8 @@ def assert_states_close_the_budget(rep: dict, recs: list[dict], run: Path) -> No
 
 
 def test_async_run_versions_lag_and_aligned_split(ray_local, tmp_path: Path) -> None:
-    cfg = _cfg(tmp_path, rollout={"in_flight_updates": True})
+    # every sequence split, so that is/d3 is all lag (the default samples a quarter)
+    cfg = _cfg(tmp_path, rollout={"in_flight_updates": True}, train={"mismatch_share": 1.0})
     summary = _train(cfg, tmp_path / "run")
     recs = read_metrics(tmp_path / "run")
     assert [r["step"] for r in recs] == [0, 1, 2, 3]

@@ -60,6 +60,12 @@ def generate_task(rng: np.random.Generator, difficulty: int, kinds: tuple[str, .
     return {"question": f"Q: {code}=?", "answer": str(value), "code": code, "kind": kind}
 
 
+def _limits(limits: dict[str, Any]) -> Any:
+    from parity.sandboxes import Limits
+
+    return Limits(**{"timeout_s": 10, **limits})
+
+
 class PythonToolEnv(TextEnv):
     """Multi-turn: write Python in a sandbox, read its output, answer in <ans>...</ans>."""
 
@@ -120,11 +126,21 @@ class PythonToolEnv(TextEnv):
     @staticmethod
     def _open_default(backend: str, limits: dict[str, Any]) -> Callable[[], Any]:
         def open_() -> Any:
-            from parity.sandboxes import Limits, open_sandbox
+            from parity.sandboxes import open_sandbox
 
-            return open_sandbox(backend, limits=Limits(**{"timeout_s": 10, **limits}))
+            return open_sandbox(backend, limits=_limits(limits))
 
         return open_
+
+    @classmethod
+    def pool_for(cls, size: int, *, backend: str = "local",
+                 sandbox_limits: dict[str, Any] | None = None, **_: Any) -> Any:
+        """A `parity.sandboxes.SandboxPool` of `size` warm sandboxes like the ones episodes
+        made with these kwargs open, for their `sandbox_pool`: a rollout worker keeps one
+        and its episodes lease from it instead of starting and stopping a sandbox each."""
+        from parity.sandboxes import SandboxPool
+
+        return SandboxPool(backend, size=size, limits=_limits(sandbox_limits or {}))
 
     def generate_task(self, rng: np.random.Generator) -> Task:
         return generate_task(rng, self.difficulty, self.kinds)

@@ -58,10 +58,21 @@ def make_env(env_id: str, **kwargs: Any) -> gym.Env:
     them; the env itself, with `areset`/`astep`, is `.unwrapped`), with a clear error for an
     unknown id. "my_pkg.envs:parity/X-v0" imports `my_pkg.envs` first (where it registers
     itself), as gymnasium.make does."""
+    return gym.make(_registered(env_id), **kwargs)
+
+
+def env_class(env_id: str) -> Any:
+    """What `make_env(env_id)` constructs, unwrapped (its entry point), without making one."""
+    entry = gym.registry[_registered(env_id)].entry_point
+    return load_env_creator(entry) if isinstance(entry, str) else entry
+
+
+def _registered(env_id: str) -> str:
+    """The registry id of `env_id`, its module imported first; a clear error if unknown."""
     if ":" in env_id:
         module, env_id = env_id.split(":", 1)
         importlib.import_module(module)
     if env_id not in gym.registry:
         known = ", ".join(e["id"] for e in list_envs())
         raise UnknownEnvError(f"unknown environment {env_id!r}; registered: {known}")
-    return gym.make(env_id, **kwargs)
+    return env_id

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
     from parity.engine import EngineConfig
     from parity.model import ModelConfig
+    from parity.sandboxes import SandboxPool
 
 
 def parity_model_io(dtype: torch.dtype) -> ModelIO:
@@ -147,6 +148,20 @@ def vllm_backend(cfg: TrainConfig) -> Backend:
     return VllmBackend(model_dir, settings)
 
 
+def sandbox_pool(cfg: TrainConfig, kwargs: dict[str, Any]) -> SandboxPool | None:
+    """The worker's pool of warm sandboxes (`env.sandbox_pool`), when its env lends from one
+    and `kwargs` do not bring their own sandboxes; else None. Starting a local sandbox costs
+    about 50 ms of CPU (a bubblewrap and its guest interpreter); a lease of a warm one, reset
+    since its last episode, takes 14 ms of wall (docs/environments.md)."""
+    from parity.envs.registry import env_class
+
+    pool_for = getattr(env_class(cfg.env.id), "pool_for", None)
+    if not cfg.env.sandbox_pool or pool_for is None or \
+            {"sandbox_factory", "sandbox_pool"} & kwargs.keys():
+        return None
+    return pool_for(cfg.rollout.group_size * cfg.rollout.max_groups_in_flight, **kwargs)
+
+
 def env_episodes(cfg: TrainConfig) -> EpisodeFn:
     """Episodes of `env.id` through the env runner; each episode gets its own env. The
     env uses the model directory's tokenizer when it has one."""
@@ -154,6 +169,9 @@ def env_episodes(cfg: TrainConfig) -> EpisodeFn:
     from parity.envs.runner import run_episode
 
     kwargs = env_kwargs(cfg)
+    pool = sandbox_pool(cfg, kwargs)
+    if pool is not None:  # lives as long as the worker's process; its sandboxes die with it
+        kwargs["sandbox_pool"] = pool
 
     async def episode(generate: Generate, task_seed: int, sampling_seed: int) -> Trajectory:
         env = make_env(cfg.env.id, **kwargs)

@@ -30,6 +30,11 @@ class EnvSection(StrictModel):
     kwargs: dict[str, Any] = Field(default_factory=lambda: dict(EMBEDDED_ENV["kwargs"]),
                                    description="passed to the env's constructor")
     task_seed: int = Field(0, description="first task seed; the data cursor counts up from it")
+    sandbox_pool: bool = Field(True, description="each rollout worker keeps one pool of warm "
+                               "sandboxes (rollout.group_size x rollout.max_groups_in_flight), "
+                               "reset between episodes, for an env that lends from one (its "
+                               "class has `pool_for`); off: every episode starts and stops "
+                               "its own sandbox")
 
     @model_validator(mode="before")
     @classmethod
@@ -207,10 +212,13 @@ class TrainSection(StrictModel):
     keep_checkpoints: int = Field(2, ge=1)
     track_mismatch: bool = Field(True, description="recompute logprobs under the rollout's "
                                  "version to split D3 into mismatch and lag")
-    mismatch_share: float = Field(1.0, gt=0, le=1, description="share of the sequences "
+    mismatch_share: float = Field(0.25, gt=0, le=1, description="share of the sequences "
                                   "with tokens of older versions that the D3 split recomputes "
                                   "under those versions (one extra forward each; is/d3_share "
-                                  "reports it); 1: all")
+                                  "reports it); 1: all. A quarter: the split takes about 7% "
+                                  "of the async learner's time instead of 17% on the "
+                                  "default job, where the learner is the bound; is/d3_mismatch "
+                                  "is measured on the sample (docs/benchmarks-async.md)")
     track_update_kl: bool = Field(False, description="after each update, one more forward "
                                   "of its batch under the new weights: kl/update, how far the "
                                   "update moved the policy on the tokens it trained on")

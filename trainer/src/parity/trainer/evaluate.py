@@ -42,6 +42,9 @@ def heldout(cfg: TrainConfig, model_dir: Path | str, n: int,
 
     cfg = cfg.model_copy(deep=True)
     cfg.model.path = str(model_dir)
+    # a sandbox per episode: a pool would outlive this call (it lives as long as the process
+    # that made it) and hold fewer sandboxes than the n episodes run at once
+    cfg.env.sandbox_pool = False
     backend = (backend_factory or engine_backend)(cfg)
     episode = (episode_factory or env_episodes)(cfg)
 

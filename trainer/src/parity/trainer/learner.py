@@ -92,7 +92,7 @@ class LearnerSettings:
     steps: int  # train.steps: the LR schedule's length
     max_lag: int  # versions kept for the D3 split (0 in sync mode)
     track_mismatch: bool  # train.track_mismatch: split D3 into mismatch and lag
-    mismatch_share: float = 1.0  # train.mismatch_share: older sequences the split recomputes
+    mismatch_share: float = 0.25  # train.mismatch_share: older sequences the split recomputes
     track_update_kl: bool = False  # train.track_update_kl: kl/update after each step
 
     @classmethod
