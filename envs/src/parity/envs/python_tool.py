@@ -21,7 +21,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from contextlib import AsyncExitStack
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -30,6 +30,9 @@ from parity.envs.core import Episode, EpisodeLimits, Message, Response, TextEnv
 from parity.envs.data import Task
 from parity.envs.rubric import Criterion, Rubric
 from parity.envs.tools import ToolCall, extract_tag, make_parser
+
+if TYPE_CHECKING:
+    from parity.sandboxes import Limits, SandboxPool
 
 KINDS = ("mul", "add", "sumsq", "sorted")
 ANSWER_TAG = "ans"
@@ -60,7 +63,7 @@ def generate_task(rng: np.random.Generator, difficulty: int, kinds: tuple[str, .
     return {"question": f"Q: {code}=?", "answer": str(value), "code": code, "kind": kind}
 
 
-def _limits(limits: dict[str, Any]) -> Any:
+def _limits(limits: dict[str, Any]) -> Limits:
     from parity.sandboxes import Limits
 
     return Limits(**{"timeout_s": 10, **limits})
@@ -134,7 +137,7 @@ class PythonToolEnv(TextEnv):
 
     @classmethod
     def pool_for(cls, size: int, *, backend: str = "local",
-                 sandbox_limits: dict[str, Any] | None = None, **_: Any) -> Any:
+                 sandbox_limits: dict[str, Any] | None = None, **_: Any) -> SandboxPool:
         """A `parity.sandboxes.SandboxPool` of `size` warm sandboxes like the ones episodes
         made with these kwargs open, for their `sandbox_pool`: a rollout worker keeps one
         and its episodes lease from it instead of starting and stopping a sandbox each."""
