@@ -84,7 +84,7 @@ def micro_batches(lengths: Tensor, budget: int) -> list[list[int]]:
 
 @dataclass(frozen=True)
 class LearnerSettings:
-    """What the learner reads of a run's config."""
+    """What the learner reads of a run's config (made by `of`; the defaults are the config's)."""
 
     loss: LossSection
     optim: OptimSection
@@ -92,8 +92,8 @@ class LearnerSettings:
     steps: int  # train.steps: the LR schedule's length
     max_lag: int  # versions kept for the D3 split (0 in sync mode)
     track_mismatch: bool  # train.track_mismatch: split D3 into mismatch and lag
-    mismatch_share: float = 0.25  # train.mismatch_share: older sequences the split recomputes
-    track_update_kl: bool = False  # train.track_update_kl: kl/update after each step
+    mismatch_share: float  # train.mismatch_share: older sequences the split recomputes
+    track_update_kl: bool  # train.track_update_kl: kl/update after each step
 
     @classmethod
     def of(cls, cfg: TrainConfig) -> LearnerSettings:
