@@ -197,7 +197,9 @@ def _print_summary(s: dict, run_dir: Path) -> None:
 def eval_checkpoint(
     checkpoint: Annotated[Path, typer.Argument(help="A checkpoint directory.")],
     env: Annotated[str | None, typer.Option("--env", help="gymnasium id")] = None,
-    n: Annotated[int, typer.Option("--n", help="episodes")] = 64,
+    n: Annotated[int | None, typer.Option(
+        "--n", min=1, help="episodes (default: the run's eval.heldout_episodes, 256 unless set)"
+    )] = None,
 ) -> None:
     """Evaluate a checkpoint on held-out tasks."""
     from parity.trainer.evaluate import evaluate

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from parity.core.types import Trajectory
-from parity.trainer.config import TrainConfig, load_train_config
+from parity.trainer.config import EvalSection, TrainConfig, load_train_config
 from parity.trainer.rollout import BackendFactory, EpisodeFactory
 
 HELD_OUT_SEED = 1_000_000  # task seeds from here on are never used for training
@@ -59,12 +59,16 @@ def heldout(cfg: TrainConfig, model_dir: Path | str, n: int,
     }
 
 
-def evaluate(checkpoint: Path, env_id: str | None = None, n: int = 64) -> dict[str, Any]:
-    """`parity eval`: held-out results of a checkpoint under its run's env config."""
+def evaluate(checkpoint: Path, env_id: str | None = None, n: int | None = None
+             ) -> dict[str, Any]:
+    """`parity eval`: held-out results of a checkpoint under its run's env config, on `n`
+    episodes (default: as many as its run's held-out evaluations, so the figures compare)."""
     model_dir = model_dir_of(checkpoint)
     cfg = _run_config(model_dir)
     if env_id:
         cfg.env.id = env_id
+    if n is None:
+        n = cfg.eval.heldout_episodes or EvalSection().heldout_episodes
     return {"checkpoint": str(checkpoint), "env": cfg.env.id, "n": n, **heldout(cfg, model_dir, n)}
 
 
