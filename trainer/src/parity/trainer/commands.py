@@ -198,7 +198,7 @@ def eval_checkpoint(
     checkpoint: Annotated[Path, typer.Argument(help="A checkpoint directory.")],
     env: Annotated[str | None, typer.Option("--env", help="gymnasium id")] = None,
     n: Annotated[int | None, typer.Option(
-        "--n", min=1, help="episodes (default: the run's eval.heldout_episodes, 256 unless set)"
+        "--n", min=1, help="episodes (default: as many as the run's eval.heldout_episodes)"
     )] = None,
 ) -> None:
     """Evaluate a checkpoint on held-out tasks."""

@@ -68,7 +68,7 @@ def evaluate(checkpoint: Path, env_id: str | None = None, n: int | None = None
     if env_id:
         cfg.env.id = env_id
     if n is None:
-        n = cfg.eval.heldout_episodes or EvalSection().heldout_episodes
+        n = cfg.eval.heldout_episodes or EvalSection.model_fields["heldout_episodes"].default
     return {"checkpoint": str(checkpoint), "env": cfg.env.id, "n": n, **heldout(cfg, model_dir, n)}
 
 
