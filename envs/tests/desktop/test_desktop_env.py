@@ -9,13 +9,13 @@ import struct
 import threading
 import time
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import pytest
 from desktop_support import guest_pid, needs_apps, needs_desktop
-from gymnasium.utils.env_checker import check_env
 
 import parity.envs.desktop  # noqa: F401 - registers parity/Desktop-v0
 from parity.envs.desktop.client import DesktopRequestError
@@ -29,21 +29,34 @@ pytestmark = needs_desktop
 TASK_IDS = [pytest.param(t.id, marks=needs_apps(t.related_apps)) for t in load_tasks()]
 
 
+@pytest.fixture(scope="module")
+def screen_env() -> Iterator[DesktopEnv]:
+    """Screenshots only: the scripted solutions read the tree where a step names a target,
+    and no observation pays for a full tree read (a second or more per LibreOffice step)."""
+    e = DesktopEnv(backend="local", obs_mode="screenshot")
+    yield e
+    e.close()
+
+
 @pytest.mark.parametrize("task_id", TASK_IDS)
-def test_oracle_scores_one_and_wrong_scores_zero(env: DesktopEnv, task_id: str) -> None:
-    oracle, timings = play(env, task_id, "oracle")
-    wrong, _ = play(env, task_id, "wrong")
+def test_oracle_scores_one_and_wrong_scores_zero(screen_env: DesktopEnv, task_id: str) -> None:
+    oracle, timings = play(screen_env, task_id, "oracle")
+    wrong, _ = play(screen_env, task_id, "wrong")
     assert (oracle, wrong) == (1.0, 0.0)
     for timing in timings[1:]:
-        assert set(timing) == {"parse_s", "action_s", "settle_s", "tree_s", "screenshot_s", "eval_s", "step_s"}
+        assert set(timing) == {"parse_s", "action_s", "settle_s", "screenshot_s", "eval_s", "step_s"}
     assert timings[-1]["eval_s"] > 0 and timings[-2]["eval_s"] == 0.0
 
 
-def test_gymnasium_check_env_and_registration() -> None:
+def test_registration_and_the_tree_only_observation() -> None:
+    """gymnasium's check_env runs on the registered env in envs/tests/test_envs_cli.py;
+    here the a11y_tree mode's observation fits its space."""
     env = gym.make("parity/Desktop-v0", obs_mode="a11y_tree", backend="local").unwrapped
     assert isinstance(env, DesktopEnv) and env.sandbox is None  # nothing runs before reset
     try:
-        check_env(env, skip_render_check=True)
+        obs, _ = env.reset(seed=0, options={"task_id": "terminal-write-answer"})
+        assert set(obs) == {"instruction", "feedback", "accessibility_tree"}
+        assert env.observation_space.contains(obs) and "xterm" in obs["accessibility_tree"]
     finally:
         env.close()
 
