@@ -22,8 +22,8 @@ from parity.envs.desktop.client import DesktopRequestError
 from parity.envs.desktop.env import DesktopEnv
 from parity.envs.desktop.getters import GETTERS, EvalContext
 from parity.envs.desktop.sandbox import DesktopSandbox, pick_backend
-from parity.envs.desktop.solutions import play
-from parity.envs.desktop.tasks import load_tasks
+from parity.envs.desktop.solutions import TARGET_WAIT_S, play, resolve_when_shown
+from parity.envs.desktop.tasks import SolutionError, load_tasks
 
 pytestmark = needs_desktop
 TASK_IDS = [pytest.param(t.id, marks=needs_apps(t.related_apps)) for t in load_tasks()]
@@ -46,6 +46,16 @@ def test_oracle_scores_one_and_wrong_scores_zero(screen_env: DesktopEnv, task_id
     for timing in timings[1:]:
         assert set(timing) == {"parse_s", "action_s", "settle_s", "screenshot_s", "eval_s", "step_s"}
     assert timings[-1]["eval_s"] > 0 and timings[-2]["eval_s"] == 0.0
+
+
+def test_a_target_not_shown_is_waited_for_then_named(screen_env: DesktopEnv) -> None:
+    screen_env.reset(options={"task_id": "textedit-new-file"})
+    step = {"action": {"action_type": "CLICK", "parameters": {}}, "target": {"name": "Save", "tag": "push-button"}}
+    assert resolve_when_shown(screen_env, step)["parameters"].keys() == {"x", "y"}  # type: ignore[index]
+    start = time.monotonic()
+    with pytest.raises(SolutionError, match=r"target \{'name': 'Publish'\} not in the accessibility tree: \['Text Editor"):
+        resolve_when_shown(screen_env, {**step, "target": {"name": "Publish"}})
+    assert time.monotonic() - start >= TARGET_WAIT_S
 
 
 def test_registration_and_the_tree_only_observation() -> None:

@@ -20,6 +20,7 @@ LAUNCHER = "/usr/libexec/at-spi-bus-launcher"
 REGISTRY = "/usr/libexec/at-spi2-registryd"
 MAX_NODES = 600
 CALL_TIMEOUT_MS = 500
+SLOW_APP_S = 3.0
 _STATES = ("focused", "selected", "checked")
 _MENUS = frozenset({"menu", "combo-box"})
 """Roles whose items are not walked while closed (they are not showing, and listing them makes
@@ -78,7 +79,21 @@ class Accessibility:
         return self.procs
 
     def rows(self, title: str) -> list[dict] | None:
-        """The showing widgets of the app window titled `title` (None if no app exports one)."""
+        """The showing widgets of the app window titled `title` (None if no app exports one).
+
+        An app that exports the window but does not answer in time, or answers with nothing
+        showing, is asked again for up to SLOW_APP_S seconds: a browser builds its tree on the
+        first question and a dialog fills in after it is mapped, so the screen can be settled
+        while the tree is not yet (a busy machine widens that gap past one call's timeout)."""
+        deadline = time.monotonic() + SLOW_APP_S
+        while True:
+            rows, slow = self._read(title)
+            if not slow or time.monotonic() > deadline:
+                return rows
+            time.sleep(0.1)
+
+    def _read(self, title: str) -> tuple[list[dict] | None, bool]:
+        """One walk: (rows or None, whether an app was too slow to tell)."""
         import pyatspi
 
         try:
@@ -89,17 +104,26 @@ class Accessibility:
             desktop.clear_cache()
             apps = list(desktop)
         except Exception:  # the registry itself does not answer
-            return None
+            return None, False
+        slow = False
         for app in apps:
             try:  # one app at a time: the last episode's killed app may still be listed, and not answer
                 frames = [f for f in app or () if f is not None and f.name == title]
-            except Exception:  # a dying or hung app: GLib errors of every kind, bounded by the timeout
+            except Exception as e:  # a dying, hung or busy app: GLib errors of every kind, bounded by the timeout
+                slow = slow or _timed_out(e)
                 continue
             if frames:
                 rows: list[dict] = []
                 _walk(frames[0], rows, pyatspi)
-                return rows
-        return None
+                return rows, not rows
+        return None, slow
+
+
+def _timed_out(error: Exception) -> bool:
+    """Whether an AT-SPI call failed for want of time (a busy app), not because the app is gone."""
+    from gi.repository import Gio, GLib
+
+    return isinstance(error, GLib.Error) and error.matches(Gio.io_error_quark(), Gio.IOErrorEnum.TIMED_OUT)
 
 
 def _walk(node: object, rows: list[dict], pyatspi: object) -> None:
