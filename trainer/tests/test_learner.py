@@ -95,6 +95,36 @@ def test_update_kl_is_how_far_the_update_moved_the_policy_on_its_batch() -> None
     assert "kl/update" not in Learner(_cfg(), TinyLM(), token_logprobs).train_step(g0)
 
 
+def test_the_trust_region_shrinks_a_large_update_and_its_momentum() -> None:
+    """Above optim.max_update_kl the bounded step is θ0 + s·(θ − θ0) of the free step and
+    Adam's momentum s times the free one, s = √(bound / KL) with KL the free update's on the
+    sample; under it (or unset) the step is the free one, bit for bit."""
+    def run(**optim) -> tuple[Learner, dict[str, float]]:
+        torch.manual_seed(0)
+        model = TinyLM()
+        learner = Learner(_cfg(optim=optim), model, token_logprobs)
+        return learner, learner.train_step(_groups(model, version=0))
+
+    free, _ = run()
+    loose, m_loose = run(max_update_kl=1e6)
+    assert m_loose["trust/scale"] == 1.0 and m_loose["kl/update_sampled"] > 0
+    for p, q in zip(free.model.parameters(), loose.model.parameters(), strict=True):
+        assert torch.equal(p, q)
+    assert "trust/scale" not in run()[1]
+
+    bound = m_loose["kl/update_sampled"] / 16  # the same sample, the same free step: s = 1/4
+    tight, m = run(max_update_kl=bound)
+    assert m["kl/update_sampled"] == m_loose["kl/update_sampled"]
+    assert m["trust/scale"] == pytest.approx(0.25, rel=1e-12)
+    torch.manual_seed(0)
+    theta0 = list(TinyLM().parameters())
+    for p0, p, q in zip(theta0, free.model.parameters(), tight.model.parameters(), strict=True):
+        torch.testing.assert_close(q, p0 + 0.25 * (p - p0), rtol=0, atol=1e-7)
+        torch.testing.assert_close(tight.opt.state[q]["exp_avg"],
+                                   0.25 * free.opt.state[p]["exp_avg"], rtol=1e-6, atol=0)
+    assert torch.equal(tight.opt.state[q]["exp_avg_sq"], free.opt.state[p]["exp_avg_sq"])
+
+
 def test_the_split_recomputes_a_sampled_share_of_older_sequences() -> None:
     """At share 0.5, two of the four sequences sampled one version back are recomputed
     under it (one forward of half the batch), and is/d3_share says so; the mismatch is still

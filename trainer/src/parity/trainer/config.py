@@ -198,6 +198,15 @@ class OptimSection(StrictModel):
     min_lr_ratio: float = Field(0.0, ge=0, le=1)
     micro_batch_tokens: int = Field(8192, ge=1, description="gradient accumulation: padded "
                                     "tokens per micro-batch (one sequence always fits)")
+    max_update_kl: float | None = Field(None, gt=0, description="a trust region on each "
+                                        "update: when it moved the policy by more than this "
+                                        "(k2 KL on a sample of its own batch, "
+                                        "update_kl_share), the step and Adam's momentum are "
+                                        "shrunk towards the weights before it by "
+                                        "√(bound / KL); unset: off. Costs a copy of the "
+                                        "weights and a forward of the sample per update")
+    update_kl_share: float = Field(0.125, gt=0, le=1, description="share of the batch's "
+                                   "sequences that max_update_kl measures the update on")
     chunk_tokens: int | None = Field(None, ge=1, description="long episodes: run each "
                                      "sequence's forward in chunks of this many tokens "
                                      "(bounded memory, the same per-token logprobs)")

@@ -192,6 +192,9 @@ class Learner:
                        cfg.optim.warmup_steps, cfg.optim.min_lr_ratio)
             lr *= vcpo_lr_scale(stats["is/ess_frac"], cfg.loss.vcpo_lr)
             finite = math.isfinite(total) and math.isfinite(grad_norm)
+            bounded = finite and cfg.optim.max_update_kl is not None
+            if bounded:
+                before = [p.detach().clone() for p in self.model.parameters()]
             if finite:
                 for g in self.opt.param_groups:
                     g["lr"] = lr
@@ -199,6 +202,8 @@ class Learner:
             else:  # a NaN/inf loss or gradient skips the update, counted
                 self.skipped_nonfinite += 1
             self.opt.zero_grad(set_to_none=True)
+            if bounded:
+                stats |= self._bound_update(b, mbs, logp_k, before)
         if cfg.track_update_kl:
             stats["kl/update"] = self._update_kl(b, mbs, logp_k)
         self.version = k + 1
@@ -244,6 +249,33 @@ class Learner:
             for idx in mbs:
                 out[idx] = self._logprobs(self.model, b, idx).double()
         return out
+
+    def _bound_update(self, b: Batch, mbs: list[list[int]], logp_k: Tensor,
+                      before: list[Tensor]) -> dict[str, float]:
+        """The trust region (optim.max_update_kl). A stale batch cannot see that the last
+        updates took the policy over a cliff, and Adam's momentum carries it on
+        (docs/benchmarks-async.md); so the update's KL is measured on a sample of its own
+        batch (`update_kl_share`, drawn from the version's seed) and, above the bound,
+        θ ← θ_k + s·(θ − θ_k) and Adam's m ← s·m with s = √(bound / KL)."""
+        o = self.cfg.optim
+        n = len(b.lengths)
+        rows = set(random.Random(self.version).sample(range(n), math.ceil(o.update_kl_share * n)))
+        lp = torch.zeros_like(logp_k)
+        with self.timeline.span("update KL (trust region)", "learner_fwd"), torch.no_grad():
+            for idx in mbs:
+                idx = [i for i in idx if i in rows]
+                if idx:
+                    lp[idx] = self._logprobs(self.model, b, idx).double()
+            keep = torch.zeros(n, 1, dtype=b.mask.dtype)
+            keep[sorted(rows)] = 1
+            kl = kl_k2(lp - logp_k, b.mask * keep)
+            s = min(1.0, math.sqrt(o.max_update_kl / kl)) if kl > 0 else 1.0
+            if s < 1.0:
+                for p, p0 in zip(self.model.parameters(), before, strict=True):
+                    p.lerp_(p0, 1.0 - s)
+                    if "exp_avg" in self.opt.state.get(p, {}):
+                        self.opt.state[p]["exp_avg"].mul_(s)
+        return {"kl/update_sampled": kl, "trust/scale": s}
 
     def _update_kl(self, b: Batch, mbs: list[list[int]], logp_k: Tensor) -> float:
         """k2 KL between the weights before and after this update, on the batch's tokens."""

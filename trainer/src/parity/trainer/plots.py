@@ -29,7 +29,8 @@ def write_plots(recs: list[dict[str, Any]], spans: list[Span], out: Path) -> lis
     paths.append(_save(fig, out / "reward.png"))
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    update_kl = ("kl/update",) if any("kl/update" in r for r in recs) else ()  # opt-in
+    update_kl = tuple(k for k in ("kl/update", "kl/update_sampled")  # opt-in
+                      if any(k in r for r in recs))
     for key in ("is/d3", "is/d3_mismatch", "is/d3_lag", "kl/rollout_learner", *update_kl):
         # symlog: exact zeros (aligned mismatch) stay visible; the linear band ends below
         # any mismatch float32 logprobs can show, so a tiny one is not drawn as 0

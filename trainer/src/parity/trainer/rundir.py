@@ -140,12 +140,15 @@ def summarize(recs: list[dict[str, Any]]) -> dict[str, Any]:
         "reward/best": max(r.get("reward/mean", float("-inf")) for r in recs),
     }
     for k in ("is/d3", "is/d3_mismatch", "is/d3_lag", "kl/rollout_learner", "lag/mean",
-              "lag/max", "gate/rejected_frac", "is/ess_frac"):
+              "lag/max", "gate/rejected_frac", "is/ess_frac", "kl/update", "kl/update_sampled",
+              "trust/scale"):
         vals = [r[k] for r in recs if k in r]
         if vals:
             out[f"{k}/mean"] = sum(vals) / len(vals)
             out[f"{k}/max"] = max(vals)
     out["is/d3_mismatch_max"] = out.get("is/d3_mismatch/max", 0.0)
+    if "trust/scale/mean" in out:  # optim.max_update_kl: how many updates it shrank
+        out["trust/shrunk"] = sum(r.get("trust/scale", 1.0) < 1.0 for r in recs)
     for k in TIMING_KEYS:
         out[f"{k}/total"] = sum(r.get(k, 0.0) for r in recs)
     for k in ("dropped", "skipped_nonfinite", "worker_restarts", "learner_restarts"):
