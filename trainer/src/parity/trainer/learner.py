@@ -241,14 +241,23 @@ class Learner:
         split["is/d3_share"] = share
         return out | split
 
-    def _forward_all(self, b: Batch, mbs: list[list[int]], label: str) -> Tensor:
-        """The current weights' logprobs of the whole batch, without gradients."""
+    def _forward_all(self, b: Batch, mbs: list[list[int]], label: str,
+                     rows: set[int] | None = None) -> Tensor:
+        """The current weights' logprobs of the batch (of its `rows` only, the rest 0),
+        without gradients."""
         out = torch.zeros_like(b.mu)
         with self.clock.during(FORWARD), self.timeline.span(label, "learner_fwd"), \
                 torch.no_grad():
             for idx in mbs:
-                out[idx] = self._logprobs(self.model, b, idx).double()
+                idx = idx if rows is None else [i for i in idx if i in rows]
+                if idx:
+                    out[idx] = self._logprobs(self.model, b, idx).double()
         return out
+
+    def _sample(self, rows: list[int], share: float) -> set[int]:
+        """`share` of `rows` (rounded up), drawn from this version's seed: the sampled
+        extra forwards (D3 split, trust region) pick the same way on every run."""
+        return set(random.Random(self.version).sample(rows, math.ceil(share * len(rows))))
 
     def _bound_update(self, b: Batch, mbs: list[list[int]], logp_k: Tensor,
                       before: list[Tensor]) -> dict[str, float]:
@@ -259,18 +268,14 @@ class Learner:
         θ ← θ_k + s·(θ − θ_k) and Adam's m ← s·m with s = √(bound / KL)."""
         o = self.cfg.optim
         n = len(b.lengths)
-        rows = set(random.Random(self.version).sample(range(n), math.ceil(o.update_kl_share * n)))
-        lp = torch.zeros_like(logp_k)
-        with self.timeline.span("update KL (trust region)", "learner_fwd"), torch.no_grad():
-            for idx in mbs:
-                idx = [i for i in idx if i in rows]
-                if idx:
-                    lp[idx] = self._logprobs(self.model, b, idx).double()
-            keep = torch.zeros(n, 1, dtype=b.mask.dtype)
-            keep[sorted(rows)] = 1
-            kl = kl_k2(lp - logp_k, b.mask * keep)
-            s = min(1.0, math.sqrt(o.max_update_kl / kl)) if kl > 0 else 1.0
-            if s < 1.0:
+        rows = self._sample(list(range(n)), o.update_kl_share)
+        lp = self._forward_all(b, mbs, "update KL (trust region)", rows)
+        keep = torch.zeros(n, 1, dtype=b.mask.dtype)
+        keep[sorted(rows)] = 1
+        kl = kl_k2(lp - logp_k, b.mask * keep)
+        s = min(1.0, math.sqrt(o.max_update_kl / kl)) if kl > 0 else 1.0
+        if s < 1.0:
+            with torch.no_grad():
                 for p, p0 in zip(self.model.parameters(), before, strict=True):
                     p.lerp_(p0, 1.0 - s)
                     if "exp_avg" in self.opt.state.get(p, {}):
@@ -293,8 +298,7 @@ class Learner:
         known = (b.versions == self.version).to(b.mask.dtype)
         gen = b.mask.bool()
         older = [i for i in range(len(b.lengths)) if bool((b.versions[i][gen[i]] != self.version).any())]
-        picked = set(random.Random(self.version).sample(
-            older, math.ceil(self.cfg.mismatch_share * len(older))))
+        picked = self._sample(older, self.cfg.mismatch_share)
         share = len(picked) / len(older) if older else 1.0
         for v in sorted(set(b.versions[gen].tolist()) - {self.version}):
             if v not in self.history:
