@@ -71,15 +71,23 @@ def test_d3_splits_into_mismatch_and_lag() -> None:
     assert m2["is/d3_mismatch"] == pytest.approx(math.exp(-0.05) - 1 + 0.05)
 
 
-def test_adam_momentum_defaults_to_less_in_async_and_a_set_value_is_kept() -> None:
-    def betas(**train) -> tuple[float, float]:
-        return LearnerSettings.of(TrainConfig.model_validate({"train": train})).optim.betas
+def test_async_defaults_to_a_trust_region_and_zero_turns_it_off() -> None:
+    def settings(**sections) -> LearnerSettings:
+        return LearnerSettings.of(TrainConfig.model_validate(sections))
 
-    assert betas(mode="sync") == (0.9, 0.999)
-    assert betas(mode="async", max_lag=0) == (0.9, 0.999)  # lag 0 is sync
-    assert betas(mode="async", max_lag=2) == (0.5, 0.999)
-    cfg = TrainConfig.model_validate({"optim": {"betas": [0.8, 0.99]}})
-    assert LearnerSettings.of(cfg).optim.betas == (0.8, 0.99)
+    def bound(**train) -> float | None:
+        return settings(train=train).optim.max_update_kl
+
+    assert bound(mode="sync") == 0.0
+    assert bound(mode="async", max_lag=0) == 0.0  # lag 0 is sync
+    assert bound(mode="async", max_lag=2) == 0.1
+    assert settings(optim={"max_update_kl": 0}).optim.max_update_kl == 0.0
+    assert settings(optim={"max_update_kl": 0.3}, train={"mode": "sync"}).optim.max_update_kl == 0.3
+    assert settings().optim.betas == (0.9, 0.999)
+    model = TinyLM()
+    for optim, bounded in (({}, True), ({"max_update_kl": 0}, False)):
+        m = Learner(_cfg(optim=optim), model, token_logprobs).train_step(_groups(model, 0))
+        assert ("trust/scale" in m) is bounded
 
 
 def test_update_kl_is_how_far_the_update_moved_the_policy_on_its_batch() -> None:
@@ -98,19 +106,19 @@ def test_update_kl_is_how_far_the_update_moved_the_policy_on_its_batch() -> None
 def test_the_trust_region_shrinks_a_large_update_and_its_momentum() -> None:
     """Above optim.max_update_kl the bounded step is θ0 + s·(θ − θ0) of the free step and
     Adam's momentum s times the free one, s = √(bound / KL) with KL the free update's on the
-    sample; under it (or unset) the step is the free one, bit for bit."""
+    sample; under it (or at 0) the step is the free one, bit for bit."""
     def run(**optim) -> tuple[Learner, dict[str, float]]:
         torch.manual_seed(0)
         model = TinyLM()
         learner = Learner(_cfg(optim=optim), model, token_logprobs)
         return learner, learner.train_step(_groups(model, version=0))
 
-    free, _ = run()
+    free, _ = run(max_update_kl=0)
     loose, m_loose = run(max_update_kl=1e6)
     assert m_loose["trust/scale"] == 1.0 and m_loose["kl/update_sampled"] > 0
     for p, q in zip(free.model.parameters(), loose.model.parameters(), strict=True):
         assert torch.equal(p, q)
-    assert "trust/scale" not in run()[1]
+    assert "trust/scale" not in run(max_update_kl=0)[1]
 
     bound = m_loose["kl/update_sampled"] / 16  # the same sample, the same free step: s = 1/4
     tight, m = run(max_update_kl=bound)

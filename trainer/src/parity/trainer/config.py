@@ -185,12 +185,7 @@ class LossSection(StrictModel):
 class OptimSection(StrictModel):
     lr: float = Field(2e-4, gt=0)
     weight_decay: float = Field(0.0, ge=0)
-    betas: tuple[float, float] | None = Field(None, description="Adam's β1, β2; unset: "
-                                              "(0.9, 0.999) in sync, (0.5, 0.999) in async. "
-                                              "An async step trains on data sampled before "
-                                              "the last updates: its gradient cannot yet see "
-                                              "what they did, and β1 0.9 carries the policy "
-                                              "on (docs/benchmarks-async.md)")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="Adam's β1, β2")
     eps: float = Field(1e-8, gt=0)
     grad_clip: float = Field(1.0, gt=0)
     schedule: Literal["constant", "linear", "cosine"] = "constant"
@@ -198,13 +193,16 @@ class OptimSection(StrictModel):
     min_lr_ratio: float = Field(0.0, ge=0, le=1)
     micro_batch_tokens: int = Field(8192, ge=1, description="gradient accumulation: padded "
                                     "tokens per micro-batch (one sequence always fits)")
-    max_update_kl: float | None = Field(None, gt=0, description="a trust region on each "
+    max_update_kl: float | None = Field(None, ge=0, description="a trust region on each "
                                         "update: when it moved the policy by more than this "
                                         "(k2 KL on a sample of its own batch, "
                                         "update_kl_share), the step and Adam's momentum are "
                                         "shrunk towards the weights before it by "
-                                        "√(bound / KL); unset: off. Costs a copy of the "
-                                        "weights and a forward of the sample per update")
+                                        "√(bound / KL). Unset: 0.1 in async, where a step "
+                                        "trains on data sampled before the last updates and "
+                                        "cannot see what they did (docs/benchmarks-async.md), "
+                                        "off in sync; 0: off. Costs a copy of the weights "
+                                        "and a forward of the sample per update")
     update_kl_share: float = Field(0.125, gt=0, le=1, description="share of the batch's "
                                    "sequences that max_update_kl measures the update on")
     chunk_tokens: int | None = Field(None, ge=1, description="long episodes: run each "

@@ -98,9 +98,8 @@ class LearnerSettings:
     @classmethod
     def of(cls, cfg: TrainConfig) -> LearnerSettings:
         optim = cfg.optim
-        if optim.betas is None:  # async: less momentum (see OptimSection.betas)
-            optim = optim.model_copy(update={"betas": (0.9, 0.999) if cfg.max_lag == 0
-                                             else (0.5, 0.999)})
+        if optim.max_update_kl is None:  # a trust region in async (OptimSection.max_update_kl)
+            optim = optim.model_copy(update={"max_update_kl": 0.1 if cfg.max_lag else 0.0})
         return cls(cfg.loss, optim, cfg.rollout.temperature, cfg.train.steps, cfg.max_lag,
                    cfg.train.track_mismatch, cfg.train.mismatch_share, cfg.train.track_update_kl)
 
@@ -192,7 +191,7 @@ class Learner:
                        cfg.optim.warmup_steps, cfg.optim.min_lr_ratio)
             lr *= vcpo_lr_scale(stats["is/ess_frac"], cfg.loss.vcpo_lr)
             finite = math.isfinite(total) and math.isfinite(grad_norm)
-            bounded = finite and cfg.optim.max_update_kl is not None
+            bounded = finite and bool(cfg.optim.max_update_kl)
             if bounded:
                 before = [p.detach().clone() for p in self.model.parameters()]
             if finite:
