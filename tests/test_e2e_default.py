@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from parity.core.timing import trace_nesting_errors
+
 ROOT = Path(__file__).resolve().parents[1]
 PARITY = str(Path(sys.executable).parent / "parity")
 SHORT = ["--set", "train.steps=3", "--set", "train.checkpoint_every=3", "--set",
@@ -29,6 +31,7 @@ def test_default_run_is_complete_and_resumable(tmp_path):
                  "plots/reward.png", "plots/timing.png", "checkpoints/latest"):
         assert (run / name).exists(), name
     assert list((run / "tb").iterdir()), "no TensorBoard events"
+    assert trace_nesting_errors(json.loads((run / "trace.json").read_text())) == []
     summary = json.loads((run / "summary.json").read_text())
     for key in ("heldout_success_before", "heldout_success_after", "is/d3_mismatch_max",
                 "wall_s", "updates"):
@@ -54,3 +57,4 @@ def test_default_run_is_complete_and_resumable(tmp_path):
     assert [rec["step"] for rec in recs] == [0, 1, 2, 3, 4]
     assert json.loads((run / "summary.json").read_text())["heldout_success_before"] == \
         summary["heldout_success_before"]
+    assert trace_nesting_errors(json.loads((run / "trace.json").read_text())) == []

@@ -22,11 +22,16 @@ from parity.core.timing import (
     step_seconds,
     write_spans,
 )
-from parity.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from parity.trainer.checkpoint import (
+    CheckpointError,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
 from parity.trainer.cli import app
 from parity.trainer.config import TrainConfig, load_train_config
 from parity.trainer.profile import profile_run
-from parity.trainer.rundir import RunDir, read_metrics
+from parity.trainer.rundir import RunDir, clear_run, holds_run, read_metrics
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -64,6 +69,26 @@ def test_env_kwargs_change_the_embedded_default_unless_an_env_is_named(tmp_path:
     assert named.env.kwargs == {"difficulty": 2}  # a named env gets only the kwargs given
     file.write_text('[env]\nid = "parity/Math-v0"\nkwargs = { split = "test" }\n')
     assert load_train_config(file).env.kwargs == {"split": "test"}
+
+
+def test_a_named_env_without_kwargs_gets_none_of_the_defaults(tmp_path: Path) -> None:
+    """Naming an env.id, in the file or with --set, drops the embedded env's kwargs (Math
+    has no `kinds` or `backend`)."""
+    math = load_train_config(None, ['env.id="parity/Math-v0"'])
+    assert math.env.kwargs == {}
+    run = RunDir(tmp_path / "run")
+    run.save_config(math)  # empty kwargs write nothing: resuming must not give it the default's
+    assert load_train_config(run.config_path) == math
+    file = tmp_path / "job.toml"
+    file.write_text('[env]\nid = "parity/Math-v0"\n')
+    assert load_train_config(file).env.kwargs == {}
+    file.write_text('[env]\nkwargs = { persistent = true }\n')
+    assert load_train_config(file, ['env.id="parity/Math-v0"']).env.kwargs == {"persistent": True}
+    # the file names the env; --set changes one of its kwargs, not the embedded env's
+    file.write_text('[env]\nid = "parity/Math-v0"\nkwargs = { split = "test" }\n')
+    assert load_train_config(file, ['env.kwargs.turns=2']).env.kwargs == {"split": "test", "turns": 2}
+    assert load_train_config(None, ["env.task_seed=3"]).env.kwargs == {
+        "difficulty": 0, "kinds": ["mul"], "backend": "local"}  # no env named: the default's
 
 
 def test_example_configs_validate() -> None:
@@ -127,7 +152,7 @@ def _fake_run(root: Path, steps: int = 3) -> RunDir:
 def test_profile_breakdown_and_summary(tmp_path: Path) -> None:
     run = _fake_run(tmp_path)
     summary = run.finish({"mode": "async"})
-    assert summary["steps"] == 3 and summary["wall_s"] == 6.0
+    assert summary["steps"] == 3 and summary["steps_s"] == 6.0
     assert summary["updates_per_hour"] == pytest.approx(1800.0)
     assert summary["reward/last"] == pytest.approx(0.2)
     assert json.loads((tmp_path / "summary.json").read_text())["mode"] == "async"
@@ -175,3 +200,71 @@ def test_cli_profile_and_config_errors(tmp_path: Path) -> None:
     r = CliRunner().invoke(app, ["train", "--set", "optim.lrr=1", "--out", str(tmp_path / "x")])
     assert r.exit_code == 2 and "optim.lrr: unknown key" in r.output
     assert TrainConfig().train.mode == "async"
+
+
+def _write_model(d: Path) -> None:
+    d.mkdir()
+    (d / "config.json").write_text("{}")
+
+
+def test_pruning_keeps_the_checkpoint_just_written(tmp_path: Path) -> None:
+    """Checkpoints after the one written belong to abandoned steps: they go, never it."""
+    for step in (4, 6):
+        save_checkpoint(tmp_path, step, write_model=_write_model, optimizer={}, state={},
+                        queue=[], keep=2)
+    save_checkpoint(tmp_path, 1, write_model=_write_model, optimizer={}, state={}, queue=[],
+                    keep=2)
+    assert sorted(p.name for p in tmp_path.glob("step_*")) == ["step_000001"]
+    assert latest_checkpoint(tmp_path).name == "step_000001"
+    # step numbers compare as numbers once they outgrow six digits
+    for step in (999_999, 1_000_000):
+        save_checkpoint(tmp_path, step, write_model=_write_model, optimizer={}, state={},
+                        queue=[], keep=2)
+    assert sorted(p.name for p in tmp_path.glob("step_*")) == ["step_1000000", "step_999999"]
+
+
+def test_a_latest_that_names_nothing_is_an_error(tmp_path: Path) -> None:
+    save_checkpoint(tmp_path, 2, write_model=_write_model, optimizer={}, state={}, queue=[],
+                    keep=2)
+    (tmp_path / "latest").write_text("step_000004")
+    with pytest.raises(CheckpointError) as e:
+        latest_checkpoint(tmp_path)
+    assert str(e.value) == (f"{tmp_path / 'latest'} names 'step_000004', which is not a "
+                            f"complete checkpoint in {tmp_path}: the run directory is damaged")
+    (tmp_path / "latest").unlink()
+    with pytest.raises(CheckpointError) as e:
+        latest_checkpoint(tmp_path)
+    assert str(e.value) == (f"{tmp_path} holds step_000002 but no 'latest' file naming the "
+                            f"complete one: the run directory is damaged")
+    assert latest_checkpoint(tmp_path / "empty") is None
+
+
+def test_out_never_trains_into_a_run_without_resume_or_force(tmp_path: Path) -> None:
+    """`--out` onto a run: exit 2 naming what is there, nothing written; `--force` deletes
+    the run's own files only; `--resume` of a damaged directory is an error, not step 0."""
+    run = _fake_run(tmp_path / "run")
+    run.save_config(TrainConfig())
+    save_checkpoint(run.checkpoints, 2, write_model=_write_model, optimizer={}, state={},
+                    queue=[], keep=2)
+    (tmp_path / "run" / "notes.txt").write_text("mine")
+    before = {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()}
+    r = CliRunner().invoke(app, ["train", "examples/smoke.toml", "--out", str(tmp_path / "run"),
+                                 "--set", "train.steps=1"])
+    assert r.exit_code == 2
+    assert r.output.strip() == (
+        f"parity train: --out {tmp_path / 'run'} holds a run (3 steps logged, checkpoints "
+        f"step_000002); continue it with: parity train --resume {tmp_path / 'run'}, or start "
+        f"over with --force (deletes that run), or pick another --out")
+    assert {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()} == before
+    assert clear_run(tmp_path / "run") == ["config.toml", "metrics.jsonl", "spans.jsonl",
+                                           "checkpoints"]
+    assert [p.name for p in (tmp_path / "run").iterdir()] == ["notes.txt"]
+    assert not holds_run(tmp_path / "run")
+    # a resume whose `latest` names a missing checkpoint stops, saying so
+    run = _fake_run(tmp_path / "damaged")
+    run.save_config(TrainConfig())
+    (run.checkpoints / "latest").write_text("step_000006")
+    r = CliRunner().invoke(app, ["train", "--resume", str(tmp_path / "damaged")])
+    assert r.exit_code == 1
+    assert "names 'step_000006', which is not a complete checkpoint" in r.output
+    assert [x["step"] for x in read_metrics(tmp_path / "damaged")] == [0, 1, 2]

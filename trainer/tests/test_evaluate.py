@@ -1,10 +1,15 @@
-"""`parity eval` measures a checkpoint on as many held-out episodes as its run did."""
+"""`parity eval` measures a checkpoint on as many held-out episodes as its run did, takes
+a run directory, env kwargs and `--show`, and turns bad input into one line."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
+from typer.testing import CliRunner
+
+from parity.trainer.cli import app
 from parity.trainer.config import TrainConfig
 from parity.trainer.embedded import EMBEDDED_DIR
 from parity.trainer.evaluate import evaluate
@@ -13,11 +18,13 @@ from parity.trainer.rundir import RunDir
 
 def _checkpoint(root: Path, heldout_episodes: int) -> Path:
     """A run directory whose config asks for `heldout_episodes`, with the embedded model as
-    its step-1 checkpoint."""
-    run = RunDir(root, tensorboard=False)
+    its latest checkpoint, step 1."""
+    run = RunDir(root)
     run.save_config(TrainConfig.model_validate({"eval": {"heldout_episodes": heldout_episodes}}))
-    step = root / "checkpoints" / "step_1"
+    step = root / "checkpoints" / "step_000001"
     shutil.copytree(EMBEDDED_DIR, step / "model")
+    (step / "state.pt").write_bytes(b"")
+    (root / "checkpoints" / "latest").write_text(step.name)
     return step
 
 
@@ -30,3 +37,37 @@ def test_eval_runs_as_many_episodes_as_the_run(tmp_path: Path) -> None:
 
 def test_eval_n_overrides_the_run(tmp_path: Path) -> None:
     assert evaluate(_checkpoint(tmp_path / "run", 3), n=2)["n"] == 2
+
+
+def test_eval_cli_takes_a_run_dir_kwargs_and_shows_episodes(tmp_path: Path) -> None:
+    _checkpoint(tmp_path / "run", 3)
+    r = CliRunner().invoke(app, ["eval", str(tmp_path / "run"), "--n", "2", "--show", "1",
+                                 "--set", "env.kwargs.kinds=['add']", "--json"])
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.output)
+    assert res["n"] == 2 and len(res["samples"]) == 1
+    sample = res["samples"][0]
+    assert sample["messages"][0]["role"] in ("system", "user")
+    assert any("+" in m["content"] for m in sample["messages"] if m["role"] == "user")
+    assert sample["expected"] is not None and "reward_components" in sample
+    r = CliRunner().invoke(app, ["eval", str(tmp_path / "run"), "--n", "1", "--show", "1"])
+    assert r.exit_code == 0, r.output
+    assert "--- episode 0 ---" in r.output and "held-out success" in r.output
+
+
+def test_eval_bad_input_is_one_line(tmp_path: Path) -> None:
+    _checkpoint(tmp_path / "run", 3)
+    cases = {
+        ("--env", "parity/Nope-v0"): "parity eval: env.id: unknown environment 'parity/Nope-v0'",
+        ("--set", "env.kwargs.colour=1"): "parity eval: env.kwargs of parity/PythonTool-v0:",
+        ("--env", "parity/Math-v0", "--set", "env.kwargs.backend='local'"):
+            "parity eval: env.kwargs of parity/Math-v0:",
+    }
+    for args, start in cases.items():
+        r = CliRunner().invoke(app, ["eval", str(tmp_path / "run"), *args])
+        assert r.exit_code == 2, (args, r.output)
+        assert len(r.output.strip().splitlines()) == 1 and r.output.startswith(start), r.output
+    r = CliRunner().invoke(app, ["eval", str(tmp_path / "nothing")])
+    assert r.exit_code == 2
+    assert r.output.strip() == (f"parity eval: {tmp_path / 'nothing'}: neither a run directory, "
+                                f"a checkpoint nor a model directory")

@@ -172,3 +172,49 @@ def test_worker_crash_then_resume_loses_and_repeats_nothing(ray_local, tmp_path:
     assert [r["version"] for r in recs] == [1, 2, 3, 4]
     assert recs[-1]["count/worker_restarts"] == 1  # counters survive the resume
     assert all(s.step < 4 for s in read_spans(run / "spans.jsonl"))
+
+
+def _tb_steps(run: Path, tag: str) -> list[int]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run / "tb"))
+    acc.Reload()
+    return [e.step for e in acc.Scalars(tag)]
+
+
+def test_resume_forgets_abandoned_steps_everywhere_and_names_the_wall(ray_local,
+                                                                      tmp_path: Path) -> None:
+    """A process that logged steps 2 and 3 died before checkpointing them: the resume
+    redoes them, and TensorBoard shows each step once. A resume of the finished run does
+    nothing (no new segment). The wall's parts add up to it."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    from parity.trainer.train import RunFinished
+
+    run = tmp_path / "run"
+    cfg = _cfg(tmp_path, rollout={"workers": 1}, train={"steps": 2, "checkpoint_every": 2},
+               output={"tensorboard": True, "samples_per_step": 3})
+    _train(cfg, run)
+    assert _tb_steps(run, "reward/mean") == [0, 1]
+    lost = SummaryWriter(str(run / "tb"))  # what the dead process had logged
+    for step in (2, 3):
+        lost.add_scalar("reward/mean", -1.0, step)
+    lost.close()
+    cfg4 = _cfg(tmp_path, rollout={"workers": 1}, train={"steps": 4, "checkpoint_every": 2},
+                output={"tensorboard": True, "samples_per_step": 3})
+    summary = _train(cfg4, run, resume=True)
+    assert _tb_steps(run, "reward/mean") == [0, 1, 2, 3]
+    samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in samples] == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
+    assert {"reward", "reward_components", "messages", "expected", "tool_calls"} <= set(samples[0])
+    assert summary["segments"] == 2
+    parts = summary["startup_s"] + summary["steps_s"] + summary["heldout_s"]
+    assert parts == pytest.approx(summary["wall_s"], rel=1e-9)
+    assert summary["steps_s"] == pytest.approx(sum(r["timing/step_s"] for r in read_metrics(run)),
+                                               rel=1e-9)
+    segments = (run / "segments.json").read_text()
+    with pytest.raises(RunFinished) as e:
+        _train(cfg4, run, resume=True)
+    assert str(e.value) == (f"{run} has trained all its 4 steps (train.steps = 4); to train on: "
+                            f"parity train --resume {run} --set train.steps=N with N > 4")
+    assert (run / "segments.json").read_text() == segments

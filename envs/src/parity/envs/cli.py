@@ -4,18 +4,29 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Mapping
+from typing import Any
 
 import typer
 
 app = typer.Typer(no_args_is_help=True)
 
+KWARG_HELP = ("A constructor argument, KEY=VALUE (repeatable): VALUE is a TOML value as in "
+              "`parity train --set` (length=4, kinds='[\"mul\"]'), else a string.")
 
-def _make(name: str) -> object:
+
+def _make(name: str, kwarg: list[str] | None) -> tuple[Any, dict[str, Any]]:
+    """The env and the kwargs it was made with; a bad id, a module that does not import or
+    a bad argument is one line on stderr and exit 2 (bad input, no traceback)."""
+    from parity.core.config import apply_overrides
     from parity.envs import make_env
 
     try:
-        return make_env(name)
-    except ValueError as e:
+        if bad := [k for k in kwarg or [] if "=" not in k]:
+            raise ValueError(f"--kwarg {bad[0]!r}: expected KEY=VALUE, e.g. length=4")
+        kwargs = apply_overrides({}, kwarg or [])
+        return make_env(name, **kwargs), kwargs
+    except (ValueError, TypeError) as e:  # TypeError: an argument the constructor does not take
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from e
 
@@ -38,6 +49,7 @@ def list_envs(json_: bool = typer.Option(False, "--json", help="A JSON list of {
 def check(
     name: str,
     seed: int = typer.Option(0, help="Seed of the oracle episode."),
+    kwarg: list[str] | None = typer.Option(None, "--kwarg", help=KWARG_HELP),
     json_: bool = typer.Option(False, "--json"),
 ) -> None:
     """Run gymnasium's check_env and one scripted oracle episode; exit 1 unless check_env
@@ -48,8 +60,8 @@ def check(
 
     from parity.envs.preflight import EnvPreflightError, oracle_episode
 
-    env = _make(name)
-    report: dict[str, object] = {"id": name}
+    env, kwargs = _make(name, kwarg)
+    report: dict[str, object] = {"id": name, "kwargs": kwargs}
     try:
         check_env(env.unwrapped)  # gymnasium's advice: the checker on the env itself
         report["check_env"] = "ok"
@@ -82,10 +94,11 @@ def play(
     name: str,
     seed: int = typer.Option(0, help="Seed of the task."),
     oracle: bool = typer.Option(False, "--oracle", help="Show the oracle's turn as a hint."),
+    kwarg: list[str] | None = typer.Option(None, "--kwarg", help=KWARG_HELP),
 ) -> None:
     """Play an episode by hand: you type the model's turns (one line each; a literal \\n
-    becomes a newline). End of input stops the episode."""
-    env = _make(name)
+    becomes a newline). End of input stops the episode; its end shows the expected answer."""
+    env, _ = _make(name, kwarg)
     try:
         obs, _ = env.reset(seed=seed)
         _show(obs["messages"])
@@ -102,6 +115,9 @@ def play(
             if terminated or truncated:
                 typer.echo(f"episode over: reward={reward} finish_reason={info['finish_reason']} "
                            f"components={info['reward_components']}")
+                answer = _expected_answer(env)
+                if answer is not None:
+                    typer.echo(f"expected answer: {answer}")
                 return
     finally:
         env.close()
@@ -110,3 +126,9 @@ def play(
 def _show(messages: tuple) -> None:
     for m in messages:
         typer.echo(f"{m['role']}> {m['content']}")
+
+
+def _expected_answer(env: Any) -> Any:
+    """The episode's task answer, for a TextEnv whose tasks have one (`episode.task`)."""
+    task = getattr(getattr(env.unwrapped, "episode", None), "task", None)
+    return task.get("answer") if isinstance(task, Mapping) else None

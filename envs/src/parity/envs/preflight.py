@@ -85,12 +85,13 @@ def oracle_episode(env: Any, seed: int = 0, env_id: str = "") -> OracleReport:
 
 def make_configured(env_id: str, kwargs: Mapping[str, Any]) -> Any:
     """`make_env(env_id, **kwargs)`; EnvConfigError naming the setting if it cannot be made
-    (an unknown id, a bad argument or task file)."""
-    from parity.envs.registry import UnknownEnvError, make_env
+    (an unknown id, a "module:id" whose module does not import, a bad argument or task
+    file)."""
+    from parity.envs.registry import EnvImportError, UnknownEnvError, make_env
 
     try:
         return make_env(env_id, **kwargs)
-    except UnknownEnvError as e:
+    except (UnknownEnvError, EnvImportError) as e:  # the id's own fault, not its kwargs'
         raise EnvConfigError(f"env.id: {e}") from e
     except (ValueError, TypeError) as e:  # the env's own check of its arguments and tasks
         raise EnvConfigError(f"env.kwargs of {env_id}: {e}") from e

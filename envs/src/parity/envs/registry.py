@@ -7,6 +7,8 @@
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from typing import Any
 
 import gymnasium as gym
@@ -17,6 +19,11 @@ _DESCRIPTIONS: dict[str, str] = {}
 
 class UnknownEnvError(ValueError):
     """No environment is registered under this id."""
+
+
+class EnvImportError(ValueError):
+    """The module of a "module:parity/Name-vN" id does not import (bad input: the message is
+    one line naming the module, where it was looked for and the original error)."""
 
 
 def register_env(env_id: str, entry_point: str, description: str, **kwargs: Any) -> None:
@@ -57,7 +64,7 @@ def make_env(env_id: str, **kwargs: Any) -> gym.Env:
     """`gymnasium.make(env_id, **kwargs)`, wrappers and all (the runner steps through
     them; the env itself, with `areset`/`astep`, is `.unwrapped`), with a clear error for an
     unknown id. "my_pkg.envs:parity/X-v0" imports `my_pkg.envs` first (where it registers
-    itself), as gymnasium.make does."""
+    itself), as gymnasium.make does, and from the working directory too."""
     return gym.make(_registered(env_id), **kwargs)
 
 
@@ -71,8 +78,26 @@ def _registered(env_id: str) -> str:
     """The registry id of `env_id`, its module imported first; a clear error if unknown."""
     if ":" in env_id:
         module, env_id = env_id.split(":", 1)
-        importlib.import_module(module)
+        _import_env_module(module, f"{module}:{env_id}")
     if env_id not in gym.registry:
         known = ", ".join(e["id"] for e in list_envs())
         raise UnknownEnvError(f"unknown environment {env_id!r}; registered: {known}")
     return env_id
+
+
+def _import_env_module(module: str, env_id: str) -> None:
+    """Import `module` from the working directory too, as `python -m` would find it (the
+    `parity` console script has its own bin directory on sys.path, not the working one);
+    EnvImportError, one line, if it does not import."""
+    cwd = os.getcwd()
+    # Appended for good, not just for this import: a namespace package's __path__ (a
+    # `my_envs/` without `__init__.py`) and the env's own later imports are resolved against
+    # sys.path again; at the end, the working directory never shadows an installed package.
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
+    try:
+        importlib.import_module(module)
+    except Exception as e:  # not found, a syntax error, whatever the module raised
+        said = " ".join(f"{type(e).__name__}: {e}".split())
+        raise EnvImportError(f"cannot import module {module!r} for env {env_id!r} (searched the "
+                             f"working directory {cwd} and sys.path): {said}") from e

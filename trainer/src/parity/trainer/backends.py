@@ -4,9 +4,11 @@ actors), so the trainer's own modules load without them."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from parity.core.config import ConfigError
 from parity.core.types import SamplingParams, Trajectory
 from parity.trainer.config import TrainConfig
 from parity.trainer.learner_actor import ModelIO
@@ -56,19 +58,80 @@ def check_model(cfg: TrainConfig, model_dir: str) -> None:
     """Before any actor starts: the model directory holds what load_model needs (checked from
     config.json and the file headers: ModelConfigError / WeightsError name the file and the
     field or tensor), `model.dtype` fits it and runs here (DtypeError), the `[engine]` KV pool
-    holds one episode of it (ValueError naming the field), and aligned kernels are proved on this machine for its shapes (AlignmentError
+    holds one episode of it (ValueError naming the field), a local run's actors fit in this
+    machine's available memory (MemoryBudgetError naming the keys), and aligned kernels are proved on this machine for its shapes (AlignmentError
     names what failed)."""
+    from parity.engine.kv_cache import KVPool
     from parity.model import require_alignment
     from parity.model.io import check_model_dir
 
     model_config = check_model_dir(model_dir)
-    engine_config(cfg, model_config, run_dtype(cfg))
+    dtype = run_dtype(cfg)
+    engine = engine_config(cfg, model_config, dtype)
+    if not cfg.train.ray_address:  # a local run: every actor on this machine
+        check_memory(cfg, model_dir, KVPool.bytes_per_token(model_config, dtype)
+                     * engine.kv_blocks * engine.block_size, dtype.itemsize)
     if cfg.model.kernels == "aligned":
         require_alignment(model_config)
     if cfg.rollout.engine == "vllm":
         from parity.engine.vllm import check_vllm_env
 
         check_vllm_env(cfg.vllm.python)  # VllmEnvError says how to build it
+
+
+class MemoryBudgetError(ConfigError):
+    """The config asks for more memory than this machine has available."""
+
+
+def check_memory(cfg: TrainConfig, model_dir: str, kv_pool_bytes: int, itemsize: int,
+                 available: int | None = None) -> None:
+    """Before any actor allocates: the rollout workers' KV pools and dense K/V plus the
+    weights (each worker's copy; the learner's fp32 masters, gradients and AdamW moments)
+    fit in `available` bytes (MemAvailable of /proc/meminfo by default). A run that does
+    not would be killed by the OS or Ray's memory monitor minutes in; this names the keys
+    to change instead."""
+    available = _mem_available() if available is None else available
+    if available is None:  # not Linux: nothing to compare with
+        return
+    workers = cfg.rollout.workers
+    params = _param_count(Path(model_dir))
+    pools = workers * kv_pool_bytes
+    dense = workers * cfg.engine.dense_kv_mib * 2**20
+    weights = params * (workers * itemsize + 16 + itemsize)  # learner: 4+4+8 fp32 bytes
+    need = pools + dense + weights
+    if need <= available:
+        return
+    gib = 2**30
+    raise MemoryBudgetError(
+        f"the run needs about {need / gib:.1f} GiB but this machine has {available / gib:.1f} "
+        f"GiB available: KV pools {pools / gib:.1f} GiB (rollout.workers = {workers} x "
+        f"engine.kv_memory_gib / engine.kv_blocks, sized from engine.max_model_len = "
+        f"{cfg.engine.max_model_len} and the episodes in flight), dense K/V {dense / gib:.1f} "
+        f"GiB (engine.dense_kv_mib = {cfg.engine.dense_kv_mib}), weights, gradients and "
+        f"optimizer state {weights / gib:.1f} GiB ({params / 1e6:.0f}M parameters); lower "
+        f"engine.kv_memory_gib or engine.kv_blocks, engine.max_model_len, engine.dense_kv_mib "
+        f"or rollout.workers")
+
+
+def _mem_available() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _param_count(model_dir: Path) -> int:
+    """Parameters in a model directory's safetensors files (from their headers)."""
+    from safetensors import safe_open
+
+    count = 0
+    for f in model_dir.glob("*.safetensors"):
+        with safe_open(f, "pt") as st:
+            count += sum(math.prod(st.get_slice(name).get_shape()) for name in st.keys())  # noqa: SIM118
+    return count
 
 
 def check_env(cfg: TrainConfig) -> None:

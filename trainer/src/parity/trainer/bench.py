@@ -45,7 +45,7 @@ def _one_run(config: Path | None, overrides: list[str], run_dir: Path) -> dict[s
     prof = profile_run(run_dir)
     return {
         "max_lag": cfg.max_lag, "track_mismatch": cfg.train.track_mismatch,
-        "seed": cfg.train.seed, "steps": summary["steps"], "step_wall_s": prof["wall_s"],
+        "seed": cfg.train.seed, "steps": summary["steps"], "step_wall_s": prof["steps_s"],
         "updates_per_hour": summary["updates_per_hour"],
         "heldout_success_before": summary.get("heldout_success_before"),
         "heldout_success_after": summary.get("heldout_success_after"),

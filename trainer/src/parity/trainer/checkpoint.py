@@ -65,7 +65,10 @@ def save_checkpoint(root: Path, step: int, *, write_model: Callable[[Path], None
     except Exception as e:
         full = _no_space(e, root)
         shutil.rmtree(tmp, ignore_errors=True)
-        previous = latest_checkpoint(root)
+        try:
+            previous = latest_checkpoint(root)
+        except CheckpointError:
+            previous = None
         kept = f"; {previous} is intact" if previous else ""
         if full:
             raise CheckpointError(f"no space left on device writing checkpoint {tmp}{kept}") from e
@@ -75,18 +78,42 @@ def save_checkpoint(root: Path, step: int, *, write_model: Callable[[Path], None
     latest_tmp = root / ".latest.tmp"
     latest_tmp.write_text(name)
     os.replace(latest_tmp, root / "latest")
-    for old in sorted(p for p in root.glob("step_*") if p.is_dir())[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+    _prune(root, step, keep)
     return final
 
 
+def _prune(root: Path, step: int, keep: int) -> None:
+    """Keep the newest `keep` checkpoints up to `step`, the one just written among them.
+    Any after `step` belong to steps a resume abandoned (the run redoes them), so they go."""
+    steps = {p: step_of(p) for p in root.glob("step_*") if p.is_dir()}
+    upto = sorted((p for p, s in steps.items() if s <= step), key=steps.__getitem__)
+    for old in upto[:-keep] + [p for p, s in steps.items() if s > step]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def step_of(path: Path) -> int:
+    """The step of a checkpoint directory `step_NNNNNN` (by number: names outgrow 6 digits)."""
+    return int(path.name.removeprefix("step_"))
+
+
 def latest_checkpoint(root: Path) -> Path | None:
-    """The newest complete checkpoint under `root`, or None."""
+    """The newest complete checkpoint under `root`; None when the run never wrote one.
+
+    A `latest` that names a missing checkpoint, or checkpoints without a `latest`, is a
+    damaged run directory: CheckpointError, never "start from step 0" over what is there."""
     marker = root / "latest"
     if not marker.exists():
+        found = sorted(p.name for p in root.glob("step_*") if p.is_dir())
+        if found:
+            raise CheckpointError(f"{root} holds {', '.join(found)} but no 'latest' file naming "
+                                  f"the complete one: the run directory is damaged")
         return None
-    path = root / marker.read_text().strip()
-    return path if path.is_dir() else None
+    name = marker.read_text().strip()
+    path = root / name
+    if not (name and (path / "state.pt").is_file()):
+        raise CheckpointError(f"{marker} names {name!r}, which is not a complete checkpoint "
+                              f"in {root}: the run directory is damaged")
+    return path
 
 
 def load_checkpoint(path: Path) -> Checkpoint:

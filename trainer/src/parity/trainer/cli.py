@@ -1,6 +1,8 @@
 """The `parity` command line. Each package owns its commands; this file only assembles them.
 
-Heavy imports (torch, ray) happen inside the commands, so `parity --help` stays fast.
+Heavy imports (torch, ray) happen inside the commands and the packages load their modules
+lazily (`parity.model`, `parity.engine`), so `parity --help` answers at once
+(`trainer/tests/test_cli_startup.py`).
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ app.add_typer(envs_app, name="envs", help="List, check and play environments.")
 
 
 def main() -> None:
+    # Both only set process state (an environment variable, malloc's options) and import no
+    # torch, so they run before any command's first import of torch and its first GEMM.
     blas.configure()  # MKL's mode, before any command's first GEMM; Ray workers inherit it
     keep_freed_memory()  # each step's tensors reuse pages instead of faulting new ones in
     app()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -21,29 +22,65 @@ def train(
         "--resume", help="Continue the run in this directory.")] = None,
     ray_address: Annotated[str | None, typer.Option(
         "--ray-address", help="Join this Ray cluster instead of a local one.")] = None,
+    force: Annotated[bool, typer.Option(
+        "--force", help="--out names a directory holding a run: delete that run (what it "
+        "wrote; other files stay) and start over.")] = False,
 ) -> None:
     """Train with asynchronous REINFORCE Zero.
 
+    A directory that holds a run is never trained into without --resume (or --force).
     Every failure is one line on stderr: exit 2 for bad input (config, model directory, env
-    id or arguments, task file), 1 for a fault (this machine, the env, a dead process, a
-    full disk), with the full traceback in RUN_DIR/error.log and, when a checkpoint exists,
-    the command that resumes the run."""
+    id or arguments, task file, run directory), 1 for a fault (this machine, the env, a dead
+    process, a full disk), with the full traceback in RUN_DIR/error.log and, when a checkpoint
+    exists, the command that resumes the run. Ctrl-C stops the run (exit 130) and says where
+    it can resume from."""
     from parity.core.config import ConfigError
-    from parity.trainer.train import load_for_cli, run_training
+    from parity.trainer.rundir import clear_run, describe_run, holds_run
+    from parity.trainer.train import RunDirError, RunFinished, load_for_cli, run_training
 
     try:
-        cfg, run_dir = load_for_cli(config, set_ or [], out, resume, ray_address)
-    except (ConfigError, FileNotFoundError) as e:
+        cfg, run_dir = load_for_cli(config, set_ or [], out, resume, ray_address, force)
+    except (ConfigError, FileNotFoundError, RunDirError) as e:
         typer.echo(f"parity train: {_one_line(e)}", err=True)
         raise typer.Exit(2) from None
+    if resume is None and run_dir.is_dir():  # a run (--force) or what a failed start left
+        what = describe_run(run_dir) if holds_run(run_dir) else ""
+        gone = clear_run(run_dir)
+        if what:
+            typer.echo(f"parity train: --force: deleted the run in {run_dir} ({what}: "
+                       f"{', '.join(gone)})", err=True)
     try:
         summary = run_training(cfg, run_dir, resume=resume is not None,
                                progress=cfg.output.progress)
+    except RunFinished as e:
+        typer.echo(f"parity train: {e}", err=True)
+        _print_summary(json.loads((run_dir / "summary.json").read_text()), run_dir)
+        return
+    except KeyboardInterrupt:
+        typer.echo(f"parity train: interrupted; {_where(run_dir, cfg.train.steps)}", err=True)
+        raise typer.Exit(130) from None
     except Exception as e:  # every failure ends as one line and an exit code
         line, code = _failure(e, run_dir)
         typer.echo(f"parity train: {line}", err=True)
         raise typer.Exit(code) from None
     _print_summary(summary, run_dir)
+
+
+def _where(run_dir: Path, steps: int) -> str:
+    """How far an interrupted run got and how to continue it."""
+    from parity.trainer.checkpoint import CheckpointError, latest_checkpoint
+    from parity.trainer.rundir import read_metrics
+
+    done = len(read_metrics(run_dir))
+    try:
+        ckpt = latest_checkpoint(run_dir / "checkpoints")
+    except CheckpointError as e:
+        return f"{done} of {steps} steps logged; {e}"
+    if ckpt is None:
+        return (f"{done} of {steps} steps logged, no checkpoint yet: a resume starts over "
+                f"(parity train --resume {run_dir})")
+    return (f"{done} of {steps} steps logged, last checkpoint {ckpt}; resume with: "
+            f"parity train --resume {run_dir}")
 
 
 def _failure(err: Exception, run_dir: Path) -> tuple[str, int]:
@@ -55,7 +92,7 @@ def _failure(err: Exception, run_dir: Path) -> tuple[str, int]:
     from parity.envs.preflight import EnvConfigError
     from parity.model import ModelConfigError, WeightsError
     from parity.model.dtypes import DtypeError
-    from parity.trainer.checkpoint import latest_checkpoint
+    from parity.trainer.checkpoint import CheckpointError, latest_checkpoint
 
     bad_input = (ConfigError, FileNotFoundError, ModelConfigError, WeightsError, DtypeError,
                  TaskDataError, EnvConfigError)
@@ -65,8 +102,9 @@ def _failure(err: Exception, run_dir: Path) -> tuple[str, int]:
         log.write_text("".join(traceback.format_exception(err)))
         if not isinstance(err, bad_input):
             line += f" (traceback: {log})"
-        if latest_checkpoint(run_dir / "checkpoints") is not None:
-            line += f"; resume with: parity train --resume {run_dir}"
+        with contextlib.suppress(CheckpointError):  # a damaged directory has no resume
+            if latest_checkpoint(run_dir / "checkpoints") is not None:
+                line += f"; resume with: parity train --resume {run_dir}"
     return line, 2 if isinstance(err, bad_input) else 1
 
 
@@ -171,6 +209,9 @@ def _print_summary(s: dict, run_dir: Path) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from parity.trainer.profile import wall_line
+    from parity.trainer.rundir import WALL_PARTS
+
     def pct(v: float | None) -> str:
         return "—" if v is None else f"{100 * v:.1f}%"
 
@@ -186,30 +227,55 @@ def _print_summary(s: dict, run_dir: Path) -> None:
     busy = {k: s.get(f"timing/{k}_s/total", 0.0) for k in ("gen", "env", "learner", "sync",
                                                            "learner_wait")}
     t.add_row("actor-seconds", "  ".join(f"{k} {v:.0f}" for k, v in busy.items()))
+    if all(k in s for k in WALL_PARTS):
+        t.add_row("time", wall_line(s))
     t.add_row("dropped / restarts / skipped", f"{s.get('dropped', 0)} / "
               f"{s.get('worker_restarts', 0)} / {s.get('skipped_nonfinite', 0)}")
-    t.add_row("outputs", f"{run_dir}/ (summary.json, metrics.jsonl, trace.json, plots/, "
-              "checkpoints/, tb/)")
+    t.add_row("outputs", f"{run_dir}/ (summary.json, metrics.jsonl, samples.jsonl, "
+              "trace.json, plots/, checkpoints/, tb/)")
     Console().print(t)
     Console().print(f"profile it: uv run parity profile {run_dir}")
 
 
 def eval_checkpoint(
-    checkpoint: Annotated[Path, typer.Argument(help="A checkpoint directory.")],
-    env: Annotated[str | None, typer.Option("--env", help="gymnasium id")] = None,
+    checkpoint: Annotated[Path, typer.Argument(
+        help="A run directory (its latest checkpoint), a checkpoint or a model directory.")],
+    env: Annotated[str | None, typer.Option(
+        "--env", help="Another env id (its kwargs then come from --set env.kwargs.* only).")
+    ] = None,
     n: Annotated[int | None, typer.Option(
         "--n", min=1, help="episodes (default: as many as the run's eval.heldout_episodes)"
     )] = None,
+    set_: Annotated[list[str] | None, typer.Option(
+        "--set", help="Override a key of the run's config: --set env.kwargs.difficulty=1")
+    ] = None,
+    show: Annotated[int, typer.Option(
+        "--show", min=0, help="Print this many episodes whole: the chat, reward and its "
+        "parts, tool calls, parse errors, the expected answer.")] = 0,
+    json_: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
-    """Evaluate a checkpoint on held-out tasks."""
+    """Evaluate a checkpoint on held-out tasks (task seeds never trained on).
+
+    Bad input (a path, env id, env kwargs or key) is one line on stderr and exit 2."""
+    from parity.core.config import ConfigError
+    from parity.envs.preflight import EnvConfigError
+    from parity.trainer.checkpoint import CheckpointError
     from parity.trainer.evaluate import evaluate
+    from parity.trainer.rundir import sample_markdown
 
     try:
-        res = evaluate(checkpoint, env_id=env, n=n)
-    except FileNotFoundError as e:
-        typer.echo(f"parity eval: {e}", err=True)
+        res = evaluate(checkpoint, env_id=env, n=n, overrides=set_ or [], show=show)
+    except (FileNotFoundError, ConfigError, EnvConfigError, CheckpointError) as e:
+        typer.echo(f"parity eval: {_one_line(e)}", err=True)
         raise typer.Exit(2) from None
-    typer.echo(json.dumps(res))
+    if json_:
+        typer.echo(json.dumps(res, indent=2))
+        return
+    for i, sample in enumerate(res.pop("samples", [])):
+        typer.echo(f"--- episode {i} ---\n{sample_markdown(sample)}\n")
+    typer.echo(f"{res['checkpoint']} on {res['env']}: held-out success "
+               f"{100 * res['pass_rate']:.1f}% over {res['n']} episodes, mean reward "
+               f"{res['reward_mean']:.3f}")
 
 
 def profile(

@@ -39,10 +39,16 @@ class EnvSection(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _kwargs_change_the_embedded_env(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        # A named env (in the file or by --set, which both arrive here merged) gets only the
+        # kwargs given: the embedded env's are for another constructor (Math has no `kinds`).
+        if "id" in data:
+            return {"kwargs": {}, **data}
         # No env named: this is the embedded default's env, and the kwargs given change its
         # kwargs (`--set env.kwargs.backend="docker"` is the default job on docker) instead of
         # replacing them, which dropped its task settings for tasks its model cannot solve.
-        if isinstance(data, dict) and "id" not in data and isinstance(data.get("kwargs"), dict):
+        if isinstance(data.get("kwargs"), dict):
             return {**data, "kwargs": {**EMBEDDED_ENV["kwargs"], **data["kwargs"]}}
         return data
 
@@ -266,6 +272,10 @@ class OutputSection(StrictModel):
     tensorboard: bool = True
     plots: bool = True
     progress: bool = True
+    samples_per_step: int = Field(4, ge=0, description="whole episodes of each step's batch "
+                                  "written to samples.jsonl and TensorBoard's text tab (text, "
+                                  "reward and its parts, tool calls, parse errors, the "
+                                  "expected answer): one per group, the first groups first")
 
 
 class TrainConfig(StrictModel):

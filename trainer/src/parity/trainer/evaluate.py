@@ -6,6 +6,7 @@ Used by `parity eval` and by `parity train`, which measures the model before and
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,21 +25,32 @@ def pass_rate(trajs: Sequence[Trajectory]) -> float:
 
 
 def model_dir_of(checkpoint: Path) -> Path:
-    """A model directory, a checkpoint (…/step_N with model/), or a run's checkpoints/latest."""
+    """A model directory, a checkpoint (…/step_N with model/), a run's checkpoints/latest,
+    or a run directory (its latest checkpoint)."""
+    from parity.trainer.checkpoint import latest_checkpoint
+
+    if (checkpoint / "checkpoints").is_dir():
+        latest = latest_checkpoint(checkpoint / "checkpoints")
+        if latest is None:
+            raise FileNotFoundError(f"{checkpoint}: a run directory without a checkpoint yet")
+        checkpoint = latest
     if checkpoint.is_file() and checkpoint.name == "latest":
         checkpoint = checkpoint.parent / checkpoint.read_text().strip()
     model_dir = checkpoint / "model" if (checkpoint / "model").is_dir() else checkpoint
     if not (model_dir / "config.json").is_file():
-        raise FileNotFoundError(f"{checkpoint}: neither a checkpoint nor a model directory")
+        raise FileNotFoundError(f"{checkpoint}: neither a run directory, a checkpoint nor a "
+                                f"model directory")
     return model_dir
 
 
 def heldout(cfg: TrainConfig, model_dir: Path | str, n: int,
             backend_factory: BackendFactory | None = None,
-            episode_factory: EpisodeFactory | None = None) -> dict[str, float]:
+            episode_factory: EpisodeFactory | None = None, show: int = 0) -> dict[str, Any]:
     """Run `n` episodes, one per held-out task, with the model in `model_dir` (through the
-    same backend and episode factories training uses; parity's engine and env by default)."""
+    same backend and episode factories training uses; parity's engine and env by default).
+    `show`: also return the first `show` episodes whole (`rundir.sample_episode`)."""
     from parity.trainer.backends import engine_backend, env_episodes
+    from parity.trainer.rundir import sample_episode
 
     cfg = cfg.model_copy(deep=True)
     cfg.model.path = str(model_dir)
@@ -56,24 +68,33 @@ def heldout(cfg: TrainConfig, model_dir: Path | str, n: int,
     return {
         "reward_mean": sum(t.reward for t in trajs) / n,
         "pass_rate": pass_rate(trajs),
+        **({"samples": [sample_episode(t) for t in trajs[:show]]} if show else {}),
     }
 
 
-def evaluate(checkpoint: Path, env_id: str | None = None, n: int | None = None
-             ) -> dict[str, Any]:
-    """`parity eval`: held-out results of a checkpoint under its run's env config, on `n`
-    episodes (default: as many as its run's held-out evaluations, so the figures compare)."""
+def evaluate(checkpoint: Path, env_id: str | None = None, n: int | None = None,
+             overrides: list[str] | None = None, show: int = 0) -> dict[str, Any]:
+    """`parity eval`: held-out results of a checkpoint (or a run's latest) under its run's
+    config, on `n` episodes (default: as many as its run's held-out evaluations, so the
+    figures compare). `env_id` replaces the run's env and its kwargs; `overrides` are
+    `--set KEY=VALUE` items (env.kwargs.* among them). The env is made once first, so a bad
+    id or kwargs raise EnvConfigError before any model loads."""
+    from parity.envs.preflight import make_configured
+    from parity.trainer.backends import env_kwargs
+
     model_dir = model_dir_of(checkpoint)
-    cfg = _run_config(model_dir)
-    if env_id:
-        cfg.env.id = env_id
+    new_env = [f"env.id={json.dumps(env_id)}", "env.kwargs={}"] if env_id else []
+    cfg = _run_config(model_dir, new_env + (overrides or []))
+    cfg.model.path = str(model_dir)
+    make_configured(cfg.env.id, env_kwargs(cfg)).close()
     if n is None:
         n = cfg.eval.heldout_episodes or EvalSection.model_fields["heldout_episodes"].default
-    return {"checkpoint": str(checkpoint), "env": cfg.env.id, "n": n, **heldout(cfg, model_dir, n)}
+    return {"checkpoint": str(checkpoint), "env": cfg.env.id, "n": n,
+            **heldout(cfg, model_dir, n, show=show)}
 
 
-def _run_config(model_dir: Path) -> TrainConfig:
+def _run_config(model_dir: Path, overrides: list[str]) -> TrainConfig:
     """The config of the run a checkpoint's model belongs to (run/checkpoints/step_N/model),
-    else the defaults."""
+    else the defaults; `overrides` applied."""
     saved = model_dir.parent.parent.parent / "config.toml"
-    return load_train_config(saved if saved.is_file() else None)
+    return load_train_config(saved if saved.is_file() else None, overrides)

@@ -42,7 +42,7 @@ from parity.trainer.rollout import (
     RolloutWorker,
     WorkerSettings,
 )
-from parity.trainer.rundir import RunDir
+from parity.trainer.rundir import RunDir, sample_episode
 
 
 class Orchestrator:
@@ -267,6 +267,7 @@ class Orchestrator:
                 batch = [self.done.pop(g) for g in need]
                 self.consumed = need[-1] + 1
                 batch_stats = self._env_failures(batch) | _batch_stats(batch)
+                samples = _samples(batch, self.cfg.output.samples_per_step)
                 self._learning_signal(batch, batch_stats["reward/mean"])
                 train_ref = self.learner.train_step.remote(batch)
             pending = list(self.inflight) + list(self.updates) + ([train_ref] if train_ref else [])
@@ -280,6 +281,7 @@ class Orchestrator:
                 train_ref = None
                 self.spans += spans
                 self._publish()
+                self.run_dir.log_samples(self.step, samples)
                 rec = self._finish_step(metrics, batch_stats, step_start)
                 step_start = wait_start = time.time()
                 if self.on_step:
@@ -505,12 +507,23 @@ def _parity_config(model_dir: str) -> Any:
 
 
 def _batch_stats(groups: list[list[Trajectory]]) -> dict[str, float]:
-    """Reward, pass rate, response length and turns of one batch."""
+    """Reward, pass rate, each reward component's mean (a rubric's weight-0 criteria
+    included: they are logged, not trained on), response length and turns of one batch."""
     trajs = [t for g in groups for t in g]
     n = len(trajs)
+    names = sorted({k for t in trajs for k in t.reward_components})
     return {
         "reward/mean": sum(t.reward for t in trajs) / n,
         "reward/pass_rate": pass_rate(trajs),
+        **{f"reward/components/{k}": sum(t.reward_components.get(k, 0.0) for t in trajs) / n
+           for k in names},
         "response/len_mean": sum(t.num_generated for t in trajs) / n,
         "episode/turns_mean": sum(t.num_turns for t in trajs) / n,
     }
+
+
+def _samples(groups: list[list[Trajectory]], n: int) -> list[dict[str, Any]]:
+    """`n` episodes of a batch to show (`output.samples_per_step`): the first of each
+    group, then the second, … so that they span tasks before repeating one."""
+    order = [g[i] for i in range(max(map(len, groups), default=0)) for g in groups if i < len(g)]
+    return [sample_episode(t) for t in order[:n]]

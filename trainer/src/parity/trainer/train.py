@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -16,25 +18,29 @@ from parity.trainer.evaluate import heldout, model_dir_of
 from parity.trainer.learner_actor import ModelIO
 from parity.trainer.orchestrator import LearnerDied, Orchestrator, RunStopped
 from parity.trainer.rollout import BackendFactory, EpisodeFactory
-from parity.trainer.rundir import RunDir
+from parity.trainer.rundir import WALL_PARTS, RunDir, describe_run, holds_run
 
 
 def start_ray(address: str, cfg: TrainConfig) -> None:
-    """Join the cluster at `address`, or start a local Ray sized to hold the actors even on
-    a 2-core laptop (logical CPUs: the learner's plus the workers'), offering every custom
-    resource the config places them with (`learner.resources`, `rollout.resources`)."""
+    """Join the cluster at `address` (ClusterUnreachable within `train.start_timeout_s` if
+    it does not answer), or start a local Ray sized to hold the actors even on a 2-core
+    laptop (logical CPUs: the learner's plus the workers'), offering every custom resource
+    the config places them with (`learner.resources`, `rollout.resources`)."""
     if not address:
         # Under `uv run`, Ray would rebuild the workspace into a fresh environment for its
         # workers; local workers share this interpreter's instead. And a local instance
         # listens on loopback only (Ray's "no cluster" mode). Both read at `import ray`.
         os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        # token authentication, as Ray's default for a new local cluster, chosen explicitly
+        # (Ray warns on every run while the mode is left unset)
+        os.environ.setdefault("RAY_AUTH_MODE", "token")
     import ray
 
     if ray.is_initialized():
         return
     if address:
-        ray.init(address=address, log_to_driver=True)
+        _join(address, cfg.train.start_timeout_s)
         return
     r = cfg.rollout
     need = cfg.learner.num_cpus + r.workers * r.num_cpus_per_worker
@@ -43,6 +49,49 @@ def start_ray(address: str, cfg: TrainConfig) -> None:
     # address="local": a Ray of its own, even when another job's Ray runs on this machine
     ray.init(address="local", num_cpus=max(os.cpu_count() or 1, int(need + 0.999)),
              resources=custom or None, include_dashboard=False, log_to_driver=True)
+
+
+class ClusterUnreachable(ConnectionError):
+    """`--ray-address` names a cluster that did not answer within train.start_timeout_s."""
+
+
+def _join(address: str, timeout: float) -> None:
+    """ray.init(address) within `timeout` seconds. Ray itself retries an unreachable head
+    for minutes, so its port is tried first (nothing listening ends here, quietly), then
+    ray.init runs in a thread that is abandoned, with the process, when it overruns."""
+    import ray
+
+    deadline = time.monotonic() + timeout
+    unreachable = (f"the Ray cluster at --ray-address {address} did not answer within "
+                   f"train.start_timeout_s = {timeout:g} s")
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if host and port.isdigit():
+        while True:
+            try:
+                socket.create_connection((host, int(port)),
+                                         timeout=max(0.1, min(5.0, deadline - time.monotonic()))
+                                         ).close()
+                break
+            except OSError as e:
+                if time.monotonic() + 1.0 >= deadline:
+                    raise ClusterUnreachable(f"{unreachable} ({host}:{port}: {e})") from e
+                time.sleep(1.0)
+    failure: list[BaseException] = []
+
+    def connect() -> None:
+        try:
+            ray.init(address=address, log_to_driver=True)
+        except BaseException as e:  # handed to the caller's thread
+            failure.append(e)
+
+    thread = threading.Thread(target=connect, name="ray-init", daemon=True)
+    thread.start()
+    thread.join(max(0.0, deadline - time.monotonic()))
+    if thread.is_alive():
+        raise ClusterUnreachable(f"{unreachable} (its port answers, Ray does not)")
+    if failure:
+        raise ClusterUnreachable(f"cannot join the Ray cluster at --ray-address {address}: "
+                                 f"{type(failure[0]).__name__}: {failure[0]}") from failure[0]
 
 
 def run_training(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
@@ -59,6 +108,9 @@ def run_training(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
     process that worked on the run (resumes included)."""
     from parity.trainer import backends
 
+    t0 = time.time()
+    run = RunDir(run_dir)
+    ckpt = _restart_point(run, cfg) if resume else None  # first: a finished run does nothing
     model_dir = backends.resolve_model_dir(cfg)
     if io is None:
         backends.check_model(cfg, model_dir)
@@ -67,22 +119,37 @@ def run_training(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
     if cfg.rollout.engine == "vllm":
         print("parity train: rollout.engine = vllm: its logprobs are not bit-identical to the "
               "learner's; is/d3_mismatch logs the difference at every step", file=sys.stderr)
-    run = RunDir(run_dir, tensorboard=cfg.output.tensorboard)
+    run.open_tensorboard(_version(ckpt) if resume else None, enabled=cfg.output.tensorboard)
     segment = run.begin_segment()
-    ckpt = _restart_point(run) if resume else None
     remove_partial(run.checkpoints)  # a fresh run in a used directory, too
     run.save_config(cfg)
     start_ray(cfg.train.ray_address, cfg)
-    t0 = time.time()
     factories = (backend_factory, episode_factory)
-    before = _heldout_before(cfg, run, model_dir, factories)
-    t_train = time.time()
+    heldout_s = 0.0
+    steps_s = 0.0
+
+    def timed_heldout(model: Path | str, before: bool) -> float | None:
+        nonlocal heldout_s
+        t = time.time()
+        value = _heldout_before(cfg, run, model, factories) if before else \
+            _heldout(cfg, model, factories)
+        heldout_s += time.time() - t
+        return value
+
+    def record_time(train_end: float | None = None) -> None:
+        now = time.time()
+        run.time_segment(segment, wall_s=now - t0, train_wall_s=(train_end or now) - t_train,
+                         steps_s=steps_s, heldout_s=heldout_s)
 
     def heartbeat(rec: dict[str, Any]) -> None:
-        run.time_segment(segment, time.time() - t0, time.time() - t_train)
+        nonlocal steps_s
+        steps_s += rec["timing/step_s"]
+        record_time()
         if bar is not None:
             bar.update(rec)
 
+    before = timed_heldout(model_dir, before=True)
+    t_train = time.time()
     restarts = 0
     with _Progress(cfg) if progress else contextlib.nullcontext() as bar:
         while True:
@@ -105,15 +172,17 @@ def run_training(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
                     raise RunStopped(f"{e} (restarted {restarts - 1} times already; "
                                      f"train.max_learner_restarts = "
                                      f"{cfg.train.max_learner_restarts})") from e
-                ckpt = _restart_point(run)
+                ckpt = _restart_point(run, cfg)
                 where = ckpt.path.name if ckpt else "the start"
                 print(f"parity train: {e}; restarting the run from {where} "
                       f"({restarts}/{cfg.train.max_learner_restarts})", file=sys.stderr)
-    after = _heldout(cfg, model_dir_of(run.checkpoints / "latest"), factories)
-    run.time_segment(segment, time.time() - t0, time.time() - t_train)
+    train_end = time.time()
+    after = timed_heldout(model_dir_of(run.checkpoints / "latest"), before=False)
+    record_time(train_end)
     segs = run.segments()
-    # wall_s: the whole run a user waits for, held-out evaluations and every segment included
+    # wall_s: the whole run a user waits for, every segment included; its parts add up to it
     return run.finish({"wall_s": sum(s["wall_s"] for s in segs),
+                       **{k: sum(s.get(k, 0.0) for s in segs) for k in WALL_PARTS},
                        "train_wall_s": sum(s["train_wall_s"] for s in segs),
                        "segments": len(segs),
                        "mode": cfg.train.mode, "max_lag": cfg.max_lag,
@@ -121,14 +190,29 @@ def run_training(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
                        "placement": placement, **counters}, plots=cfg.output.plots)
 
 
-def _restart_point(run: RunDir) -> Checkpoint | None:
+class RunFinished(Exception):
+    """`--resume` of a run that has trained all its steps: nothing to do (its summary
+    stands)."""
+
+
+def _version(ckpt: Checkpoint | None) -> int:
+    return ckpt.state["learner"]["version"] if ckpt else 0
+
+
+def _restart_point(run: RunDir, cfg: TrainConfig) -> Checkpoint | None:
     """The run's latest checkpoint, its later records forgotten (they are redone); None,
     and everything forgotten, when the run never reached one. What a checkpoint write that
-    was killed left behind is removed."""
+    was killed left behind is removed. A run that has trained all `train.steps` and written
+    its summary raises RunFinished; a damaged checkpoint directory, CheckpointError."""
     remove_partial(run.checkpoints)
     path = latest_checkpoint(run.checkpoints)
     ckpt = load_checkpoint(path) if path is not None else None
-    run.truncate_from(ckpt.state["learner"]["version"] if ckpt else 0)
+    done = _version(ckpt)
+    if done >= cfg.train.steps and (run.root / "summary.json").is_file():
+        raise RunFinished(f"{run.root} has trained all its {done} steps (train.steps = "
+                          f"{cfg.train.steps}); to train on: parity train --resume {run.root} "
+                          f"--set train.steps=N with N > {done}")
+    run.truncate_from(done)
     return ckpt
 
 
@@ -148,10 +232,21 @@ def _heldout_before(cfg: TrainConfig, run: RunDir, model_dir: str, factories: tu
     return value
 
 
+class RunDirError(ValueError):
+    """`--out` names a directory that holds a run: it is continued with --resume or replaced
+    with --force, never trained into."""
+
+
 def load_for_cli(config: Path | None, overrides: list[str], out: Path | None,
-                 resume: Path | None, ray_address: str | None) -> tuple[TrainConfig, Path]:
-    """Resolve the config and run directory of a `parity train` invocation."""
+                 resume: Path | None, ray_address: str | None, force: bool = False
+                 ) -> tuple[TrainConfig, Path]:
+    """Resolve the config and run directory of a `parity train` invocation. A new run's
+    directory must not hold a run already (RunDirError), unless `force`: then the caller
+    clears it (`rundir.clear_run`)."""
     if resume is not None:
+        if out is not None and out.resolve() != resume.resolve():
+            raise RunDirError(f"--out {out} and --resume {resume}: a resumed run stays in its "
+                              f"own directory; give one of them")
         saved = resume / "config.toml"
         if not saved.is_file():
             raise FileNotFoundError(f"{resume}: no config.toml (not a run directory)")
@@ -159,10 +254,24 @@ def load_for_cli(config: Path | None, overrides: list[str], out: Path | None,
         run_dir = resume
     else:
         cfg = load_train_config(config, overrides)
-        run_dir = out or Path("runs") / time.strftime("%Y%m%d-%H%M%S")
+        run_dir = out or _new_run_dir()
+        if holds_run(run_dir) and not force:
+            raise RunDirError(f"--out {run_dir} holds a run ({describe_run(run_dir)}); "
+                              f"continue it with: parity train --resume {run_dir}, or start "
+                              f"over with --force (deletes that run), or pick another --out")
     if ray_address:
         cfg.train.ray_address = ray_address
     return cfg, run_dir
+
+
+def _new_run_dir() -> Path:
+    """runs/<date-time>, with a suffix when another run started in the same second."""
+    base = Path("runs") / time.strftime("%Y%m%d-%H%M%S")
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    return path
 
 
 class _Progress:

@@ -1,11 +1,13 @@
 """Typed configuration: TOML files validated by pydantic, with `a.b=c` overrides.
 
 Unknown keys and wrong types are errors that name the key (`train.lr: Input should be a
-valid number`), never silently ignored.
+valid number`), never silently ignored; an unknown key also names the known key it resembles
+(`optim.lrr: unknown key; did you mean optim.lr?`).
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import tomllib
 from pathlib import Path
@@ -54,12 +56,31 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
-def format_validation_error(err: ValidationError, source: str) -> str:
+def _known_keys(model: type[BaseModel], section: tuple[int | str, ...]) -> list[str]:
+    """The keys the section at `section` of `model` accepts; [] where that is not a model."""
+    for part in section:
+        field = model.model_fields.get(str(part))
+        sub = field.annotation if field else None
+        if not (isinstance(sub, type) and issubclass(sub, BaseModel)):
+            return []
+        model = sub
+    return list(model.model_fields)
+
+
+def _did_you_mean(model: type[BaseModel] | None, loc: tuple[int | str, ...]) -> str:
+    """'; did you mean a.b?' naming the known key of the same section closest to loc's."""
+    close = difflib.get_close_matches(str(loc[-1]), _known_keys(model, loc[:-1]), n=1) if model else []
+    return f"; did you mean {'.'.join([*map(str, loc[:-1]), close[0]])}?" if close else ""
+
+
+def format_validation_error(err: ValidationError, source: str,
+                            model: type[BaseModel] | None = None) -> str:
+    """One line per bad key; an unknown key of `model` names the known key it most resembles."""
     lines = [f"{source}: invalid config"]
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"])
         if e["type"] == "extra_forbidden":
-            msg = "unknown key"
+            msg = "unknown key" + _did_you_mean(model, e["loc"])
         elif e["type"] == "value_error":
             msg = str(e["ctx"]["error"])  # our own message, without pydantic's "Value error, "
         else:
@@ -90,7 +111,7 @@ def load_config(
     try:
         return model.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(format_validation_error(e, source)) from None
+        raise ConfigError(format_validation_error(e, source, model)) from None
 
 
 def _deep_merge(dst: dict[str, Any], src: dict[str, Any]) -> None:
