@@ -8,10 +8,20 @@ pins_dir="$here/vllm-env"
 env_dir=${PARITY_VLLM_ENV:-$HOME/.cache/parity/vllm-env}
 wheels=${PARITY_TORCH_WHEELS:-/opt/wheels}
 pins=$(cat "$pins_dir"/*.txt | sha256sum | cut -d' ' -f1)
+repo=$(cd "$here/.." && pwd)
+# parity's vLLM plugin and the parity packages it runs (one model definition for the learner
+# and vLLM): installed from this checkout, editable, so the model vLLM runs is always the
+# workspace's own source; their dependencies are vLLM's (--no-deps: never a second torch)
+parity_packages=(packages/core packages/model packages/engine packages/vllm_plugin)
+install_parity() {
+  VIRTUAL_ENV="$env_dir" uv pip install --no-config --quiet --no-deps \
+    $(printf -- "-e $repo/%s " "${parity_packages[@]}")
+}
 
 if [ -f "$env_dir/.parity-pins" ] && [ "$(cat "$env_dir/.parity-pins")" = "$pins" ] \
    && "$env_dir/bin/python" -c "import vllm" 2>/dev/null; then
-  echo "vLLM environment up to date: $env_dir"
+  install_parity
+  echo "vLLM environment up to date: $env_dir (parity's plugin from $repo)"
   exit 0
 fi
 
@@ -30,5 +40,6 @@ uv venv --no-config --quiet --clear --python 3.11 "$env_dir"
 # at every start where Python may not write .pyc files
 VIRTUAL_ENV="$env_dir" uv pip install --no-config --quiet --compile-bytecode -r "$pins_dir/requirements.txt" \
   -c "$pins_dir/constraints.txt" --override "$pins_dir/overrides.txt" "${torch_source[@]}"
+install_parity
 "$env_dir/bin/python" -c "import vllm; print('vLLM', vllm.__version__, 'in', '$env_dir')"
 echo "$pins" > "$env_dir/.parity-pins"

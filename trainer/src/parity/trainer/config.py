@@ -68,10 +68,11 @@ class ActorPlacement(StrictModel):
 
 
 class RolloutSection(ActorPlacement):
-    engine: Literal["parity", "vllm"] = Field("parity", description="parity: parity's "
-                                              "aligned engine (bit-identical logprobs); vllm: "
-                                              "vLLM in its own environment ([vllm] section), "
-                                              "whose mismatch is/d3_mismatch measures")
+    engine: Literal["parity", "vllm", "vllm-aligned"] = Field(
+        "parity", description="parity: parity's aligned engine (bit-identical logprobs); "
+        "vllm-aligned: vLLM (its own environment, [vllm] section) running parity's decoder "
+        "and kernels (bit-identical logprobs, model.kernels = aligned); vllm: vLLM's own "
+        "model, whose mismatch is/d3_mismatch measures")
     workers: int = Field(1, ge=1, description="number of rollout worker actors")
     num_cpus_per_worker: float = Field(1.0, gt=0)
     num_gpus_per_worker: float = Field(0.0, ge=0)
@@ -148,7 +149,8 @@ class EngineSection(StrictModel):
 
 
 class VllmSection(StrictModel):
-    """vLLM rollout workers (`rollout.engine = "vllm"`; parity.engine.vllm.VllmSettings).
+    """vLLM rollout workers (`rollout.engine = "vllm"` or `"vllm-aligned"`;
+    parity.engine.vllm.VllmSettings).
     The context is the `[engine]` section's max_model_len, sized the same way."""
 
     python: str = Field("", description="interpreter of vLLM's environment; empty: "
@@ -161,7 +163,8 @@ class VllmSection(StrictModel):
     max_num_seqs: int = Field(256, ge=1, description="sequences vLLM runs at once")
     enforce_eager: bool = Field(True, description="no torch.compile (starts in seconds)")
     batch_invariant: bool = Field(False, description="VLLM_BATCH_INVARIANT=1: vLLM's "
-                                  "batch-invariant kernels (GPU; see docs/vllm.md)")
+                                  "batch-invariant kernels (GPU only: refused on vLLM's CPU "
+                                  "build; see docs/vllm.md)")
 
 
 class LossSection(StrictModel):
@@ -316,6 +319,9 @@ class TrainConfig(StrictModel):
             raise ValueError("rollout.engine = \"vllm\" needs train.track_mismatch = true: vLLM's "
                              "logprobs are not the learner's, and is/d3_mismatch must show by "
                              "how much")
+        if self.rollout.engine == "vllm-aligned" and self.model.kernels != "aligned":
+            raise ValueError("rollout.engine = \"vllm-aligned\" runs parity's aligned kernels "
+                             "inside vLLM: it needs model.kernels = \"aligned\"")
         return self
 
     @model_validator(mode="after")

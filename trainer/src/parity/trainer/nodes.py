@@ -27,8 +27,9 @@ class NodeMismatchError(RuntimeError):
 
 
 def local_probe(cfg: ModelConfig) -> dict[str, Any]:
-    """This process's fingerprint of aligned kernels at `cfg`'s shapes, its proof and machine."""
-    from parity.model.selfcheck import fingerprint, machine, verify
+    """This process's fingerprint of aligned kernels at `cfg`'s shapes, its proof and machine
+    (`parity.model.selfcheck.probe`), and where it runs."""
+    from parity.model.selfcheck import probe
 
     node = ""
     try:
@@ -38,12 +39,7 @@ def local_probe(cfg: ModelConfig) -> dict[str, Any]:
             node = ray.get_runtime_context().get_node_id()
     except ImportError:
         pass
-    proof = verify(cfg)
-    m = machine()
-    return {"host": socket.gethostname(), "node_id": node, "pid": os.getpid(),
-            "cpu": m["cpu"], "isa": m["isa"], "torch_capability": m["torch_capability"],
-            "blas": m["mkl_mode"] or m["blas"], "proof_ok": proof.ok, "proof_failure": proof.failure,
-            "fingerprint": fingerprint(cfg)}
+    return {"host": socket.gethostname(), "node_id": node, "pid": os.getpid(), **probe(cfg)}
 
 
 def _where(p: dict[str, Any]) -> str:

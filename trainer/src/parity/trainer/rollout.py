@@ -102,10 +102,14 @@ class RolloutWorker:
         return self.backend.version
 
     def node_probe(self, model_config: Any) -> dict[str, Any]:
-        """This worker's process: its aligned kernels' fingerprint (parity.trainer.nodes)."""
+        """The aligned kernels' fingerprint where this worker's tokens are computed
+        (parity.trainer.nodes): its own process, or the vLLM worker running parity's decoder
+        (vllm-aligned), which proved them on vLLM's torch build at start-up."""
         from parity.trainer.nodes import local_probe
 
-        return local_probe(model_config)
+        probe = local_probe(model_config)
+        served = getattr(self.backend, "probe", None)
+        return probe if served is None else {**probe, **served, "pid": f"{probe['pid']} (vLLM)"}
 
     def placement(self) -> dict[str, Any]:
         """Where this worker's process runs: Ray node, torch threads, CPU cores."""

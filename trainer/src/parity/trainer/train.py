@@ -116,7 +116,7 @@ def run_training(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
         backends.check_model(cfg, model_dir)
     if episode_factory is None:
         backends.check_env(cfg)
-    if cfg.rollout.engine == "vllm":
+    if cfg.rollout.engine == "vllm":  # vllm-aligned runs the learner's kernels
         print("parity train: rollout.engine = vllm: its logprobs are not bit-identical to the "
               "learner's; is/d3_mismatch logs the difference at every step", file=sys.stderr)
     run.open_tensorboard(_version(ckpt) if resume else None, enabled=cfg.output.tensorboard)

@@ -127,16 +127,11 @@ class PagedKV:
         padded = torch.tensor(
             [t[:n_blocks] + [0] * (n_blocks - len(t)) for t in tables], dtype=torch.long
         )
-        pos = layout.positions
-        blocks = padded[layout.seq_of_row, pos // bs]
-        slots = (
-            (blocks[:, None] * len(heads) + heads[None, :]) * bs + (pos % bs)[:, None]
-        ).flatten()
-        slabs = (padded[:, None, :] * len(heads) + heads[None, :, None]).flatten()
+        slots, slabs = block_indices(padded, layout, bs, len(heads))
         rows = None
         if dense is not None:
             rows = ((layout.seq_of_row[:, None] * len(heads) + heads[None, :]) * length
-                    + pos[:, None]).flatten()
+                    + layout.positions[:, None]).flatten()
         return cls(pool, slots, slabs, dense, rows, bool(rebuild))
 
     def update(
@@ -148,14 +143,47 @@ class PagedKV:
         held = self.dense.layer(layer, s * hkv * n * d) if self.dense is not None else (None, None)
         out = []
         for store, new, buf in zip(stores, (k, v), held, strict=True):
-            new = new.to(store.dtype).reshape(-1, d)
-            store.view(-1, d).index_copy_(0, self.slots, new)
             if buf is not None and not self.rebuild:  # served: only the new rows change
+                new = new.to(store.dtype).reshape(-1, d)
+                store.view(-1, d).index_copy_(0, self.slots, new)
                 buf.view(-1, d).index_copy_(0, self.rows, new)
             else:  # every sequence's keys and values, from the pool (into the dense batch)
-                buf = torch.index_select(store.view(-1, bs * d), 0, self.slabs,
-                                         out=None if buf is None else buf.view(-1, bs * d))
+                buf = write_and_gather(store, self.slots, self.slabs, new, bs, buf)
             out.append(buf.view(s, hkv, n, d))
         if self.dense is not None and layer == len(self.dense.buffers) - 1:
             self.dense.written(layout.kv_lens)
         return out[0], out[1]
+
+
+def block_indices(tables: torch.Tensor, layout: SeqLayout, block_size: int, kv_heads: int,
+                  stride: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where one call's new rows go and where its sequences' keys come from, in a paged
+    cache seen as [slabs, block_size, D] whose (block, head) slab is `(block * kv_heads +
+    head) * stride` (stride 1: parity's pools, K and V apart; 2: vLLM's CPU cache, a block's
+    key slab then its value slab).
+
+    `tables` [S, L / block_size]: each sequence's blocks, padded to L = layout.max_kv_len keys
+    (padding points at a block whose values are finite; attention masks it out). Returns
+    `slots` [N * Hkv], each new row's vector per head in the cache seen as [rows, D], and
+    `slabs` [S * Hkv * L / block_size], the slabs of every sequence's keys in [S, Hkv, L, D]
+    order: the one index both parity's engine and its vLLM plugin read with."""
+    heads = torch.arange(kv_heads)
+    pos = layout.positions
+    blocks = tables[layout.seq_of_row, pos // block_size]
+    slots = ((blocks[:, None] * kv_heads + heads[None, :]) * stride * block_size
+             + (pos % block_size)[:, None]).flatten()
+    slabs = ((tables[:, None, :] * kv_heads + heads[None, :, None]) * stride).flatten()
+    return slots, slabs
+
+
+def write_and_gather(store: torch.Tensor, slots: torch.Tensor, slabs: torch.Tensor,
+                     new: torch.Tensor, block_size: int, out: torch.Tensor | None = None
+                     ) -> torch.Tensor:
+    """Write the new rows' vectors `new` [N, Hkv, D] into `store` (a contiguous paged cache,
+    rounded to its dtype) at `slots`, then gather the `slabs` (`block_indices`) into one
+    [S * Hkv * L / block_size, block_size * D] tensor (into `out` when given): data moves,
+    no arithmetic, so what attention reads is the same bits whoever holds the cache."""
+    d = new.shape[-1]
+    store.view(-1, d).index_copy_(0, slots, new.to(store.dtype).reshape(-1, d))
+    return torch.index_select(store.view(-1, block_size * d), 0, slabs,
+                              out=None if out is None else out.view(-1, block_size * d))

@@ -386,6 +386,17 @@ def refusal(verdict: Verdict) -> str:
             f"in is/d3_mismatch; `parity audit --json` prints this machine's report.")
 
 
+def probe(cfg: ModelConfig | Shapes) -> dict:
+    """This process's proof of aligned kernels at `cfg`'s shapes and their fingerprint, with
+    the numerics platform it ran on: what two processes of one job (the learner, a rollout
+    worker, a vLLM worker on its own torch build) compare, bits rather than version strings."""
+    proof = verify(cfg)
+    m = machine()
+    return {"cpu": m["cpu"], "isa": m["isa"], "torch": str(m["torch"]),
+            "torch_capability": m["torch_capability"], "blas": m["mkl_mode"] or m["blas"],
+            "proof_ok": proof.ok, "proof_failure": proof.failure, "fingerprint": fingerprint(cfg)}
+
+
 def require_alignment(cfg: ModelConfig) -> Verdict:
     """The proof for `cfg`'s shapes, or AlignmentError. Called before aligned kernels serve."""
     blas.configure()  # strict CNR, if MKL has not run yet in this process (parity.model.blas)

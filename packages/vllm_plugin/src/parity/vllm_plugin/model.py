@@ -1,0 +1,149 @@
+"""parity's `Decoder` as a vLLM model: vLLM schedules, pages, caches prefixes and samples;
+parity computes.
+
+Runs inside vLLM's worker process (vLLM's torch, not the workspace's). The forward is
+`Decoder.forward` itself, the learner's: only its `KVStore` differs, one that writes each
+layer's new keys and values into vLLM's paged CPU cache and reads every sequence's keys
+back through vLLM's block table (`VllmKV`), with the index arithmetic parity's own engine
+uses (`parity.engine.kv_cache.block_indices`). vLLM's per-layer `Attention` modules are
+created only so that vLLM allocates those caches and builds their metadata; their own
+forward never runs.
+
+vLLM internals read here (vLLM 0.32, CPU): `get_forward_context().attn_metadata[name]`
+(`num_actual_tokens`, `query_start_loc`, `seq_lens`, `block_table`), the cache of layer
+`name` bound to its Attention module's `kv_cache`, laid out [blocks, Hkv, block_size, 2·D]
+with each (block, head) holding its key rows, then its value rows.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from parity.engine.kv_cache import block_indices, write_and_gather
+from parity.engine.weights import apply_update, check_update
+from parity.model import Decoder, DenseKV, ModelConfig, SeqLayout
+from parity.model.layout import KV_TILE
+from parity.vllm_plugin import PluginError
+
+
+class VllmKV:
+    """A KVStore over vLLM's paged cache for one forward call: `caches[layer]` [blocks,
+    Hkv, block_size, 2·D] (contiguous, so seen as [blocks·Hkv·2, block_size, D]: the key
+    slab of (block, head) at 2·(block·Hkv + head), its value slab next), `block_table`
+    [S, blocks per sequence] from vLLM's attention metadata."""
+
+    def __init__(self, caches: list[torch.Tensor], block_table: torch.Tensor,
+                 layout: SeqLayout) -> None:
+        _, kv_heads, block_size, _ = caches[0].shape
+        self.caches, self.block_size = caches, block_size
+        n_blocks = layout.max_kv_len // block_size
+        table = block_table[: len(layout.lengths), :n_blocks].long()
+        if table.shape[1] < n_blocks:  # keys past the table's end: padding, masked out
+            table = torch.nn.functional.pad(table, (0, n_blocks - table.shape[1]))
+        self.slots, self.slabs = block_indices(table, layout, block_size, kv_heads, stride=2)
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor, layout: SeqLayout
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        cache, bs = self.caches[layer], self.block_size
+        s, n, (hkv, d) = len(layout.lengths), layout.max_kv_len, k.shape[1:]
+        keys = write_and_gather(cache, self.slots, self.slabs, k, bs)
+        values = write_and_gather(cache, self.slots + bs, self.slabs + 1, v, bs)
+        return keys.view(s, hkv, n, d), values.view(s, hkv, n, d)
+
+
+@contextmanager
+def _default_dtype(dtype: torch.dtype) -> Any:
+    """vLLM builds models under its dtype as torch's default; parity's constructor (its
+    rotary table) must see float32, as the learner's does."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
+
+
+class ParityForCausalLM(Decoder):
+    """parity's decoder (aligned kernels, the model directory's own config.json read by
+    parity) with the interface vLLM's model runner calls. Its parameters are parity's, named
+    as in the checkpoint."""
+
+    def __init__(self, *, vllm_config: Any, prefix: str = "") -> None:
+        from vllm.model_executor.layers.attention import Attention
+
+        model_config = vllm_config.model_config
+        cfg = ModelConfig.from_pretrained(model_config.model)
+        dtype = model_config.dtype
+        with _default_dtype(torch.float32):  # also proves the aligned kernels (selfcheck)
+            super().__init__(cfg, "aligned", dtype=dtype)
+        self.to(dtype)
+        block_size = vllm_config.cache_config.block_size
+        if KV_TILE % block_size:
+            raise PluginError(f"vLLM's block_size {block_size} does not divide parity's key "
+                              f"tile ({KV_TILE}): start vLLM with block_size 32 or 64")
+        # one per layer: vLLM allocates its cache and builds its metadata (a plain list, not
+        # submodules: no parameters of vLLM's among parity's)
+        self.attn_names = [f"{prefix}{'.' if prefix else ''}model.layers.{i}.self_attn.attn"
+                           for i in range(cfg.num_hidden_layers)]
+        self.vllm_attention = [
+            Attention(cfg.num_attention_heads, cfg.dim_per_head, cfg.dim_per_head ** -0.5,
+                      num_kv_heads=cfg.kv_heads, cache_config=vllm_config.cache_config,
+                      prefix=name)
+            for name in self.attn_names
+        ]
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_tokens(input_ids).to(self.compute_dtype)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,  # type: ignore[override]
+                intermediate_tensors: Any = None, inputs_embeds: Any = None) -> torch.Tensor:
+        """Final-norm hidden states for vLLM's flat batch: Decoder.forward on the rows vLLM
+        scheduled (rows past them, padding, are zeros). Without metadata (vLLM's dummy runs
+        that size memory) the rows are one sequence on a dense store."""
+        from vllm.forward_context import get_forward_context
+
+        if inputs_embeds is not None:
+            raise PluginError("vllm-aligned takes token ids, not input embeddings")
+        meta = get_forward_context().attn_metadata
+        if isinstance(meta, dict):
+            meta = meta.get(self.attn_names[0])
+        if meta is None:
+            n = input_ids.shape[0]
+            layout = SeqLayout.from_lengths([n])
+            kv: Any = DenseKV()
+        else:
+            n = int(meta.num_actual_tokens)
+            starts = meta.query_start_loc.tolist()
+            layout = SeqLayout(starts[:-1], [b - a for a, b in itertools.pairwise(starts)],
+                               positions[:n].long(), meta.seq_lens.tolist())
+            kv = VllmKV([self._cache(a) for a in self.vllm_attention], meta.block_table, layout)
+        hidden = super().forward(input_ids[:n].long(), layout, kv)
+        if n < input_ids.shape[0]:
+            hidden = torch.cat([hidden, hidden.new_zeros(input_ids.shape[0] - n, hidden.shape[1])])
+        return hidden
+
+    @staticmethod
+    def _cache(attention: Any) -> torch.Tensor:
+        cache = attention.kv_cache
+        return cache[0] if isinstance(cache, list) else cache
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """The learner's logits (`Decoder.logits`); vLLM's sampler then takes
+        `logits.float() / T` and its log-softmax, op for op `Decoder.logprobs`."""
+        return self.logits(hidden_states)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Every tensor of the checkpoint, all or nothing (`parity.engine.weights`); a tied
+        head's `lm_head.weight` is the embedding. Returns the parameters loaded."""
+        expected = self.state_dict()
+        state = {name: t.to(expected[name].dtype) if name in expected else t
+                 for name, t in weights}
+        check_update(self, state, 0)
+        apply_update(self, state)
+        return set(expected)
+
