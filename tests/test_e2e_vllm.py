@@ -111,3 +111,37 @@ def test_audit_on_vllm_measures_kernel_noise_only():
     # (a tied head left on the old weights showed 1.19 after an update)
     assert all(s["max_abs_diff"] < 1e-4 for s in entry["scenarios"]), entry["scenarios"]
     assert "preemption" in entry["not_run"]
+
+
+@pytest.mark.skipif(PROBLEM is not None, reason=PROBLEM or "")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_audit_on_vllm_aligned_is_bit_identical(dtype: str) -> None:
+    """vLLM running parity's decoder (the plugin): every scenario it can drive gives the
+    learner's bits, in fp32 and bf16; the stock-vLLM audit above is the control."""
+    r = subprocess.run([PARITY, "audit", "--engine", "vllm-aligned", "--shape", "tiny",
+                        "--dtype", dtype, "--json"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads(r.stdout)
+    assert report["engine"] == "vllm-aligned" and report["passed"]
+    (entry,) = report["models"]
+    assert entry["conclusive"] and entry["all_bitwise_equal"] and entry["dtype"] == dtype
+    assert all(s["bitwise_equal"] and s["max_abs_diff"] == 0.0 for s in entry["scenarios"])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(PROBLEM is not None, reason=PROBLEM or "")
+def test_training_on_vllm_aligned_has_no_mismatch(tmp_path: Path) -> None:
+    """`rollout.engine = "vllm-aligned"`: vLLM schedules and samples, parity's decoder
+    computes, so the mismatch term is exactly 0 at every step and only the lag remains;
+    the vLLM worker's proof and fingerprint joined the node check."""
+    run = tmp_path / "run"
+    r = subprocess.run([PARITY, "train", "--out", str(run), *VLLM,
+                        "--set", "rollout.engine=vllm-aligned"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "not bit-identical" not in r.stderr
+    recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [rec["step"] for rec in recs] == [0, 1, 2]
+    assert [rec["is/d3_mismatch"] for rec in recs] == [0.0, 0.0, 0.0]
+    assert recs[-1]["lag/max"] >= 1  # async: older versions in the batch, split by the D3 term

@@ -56,6 +56,6 @@ def test_vllm_runs_asked_for_eager_compiled_or_both():
     from parity.engine.bench import vllm_modes
 
     assert vllm_modes(False, False) == []
-    assert vllm_modes(True, False) == [False]
-    assert vllm_modes(False, True) == [True]
-    assert vllm_modes(True, True) == [False, True]
+    assert vllm_modes(True, False) == ["vllm", "vllm_aligned"]
+    assert vllm_modes(False, True) == ["vllm_compiled"]
+    assert vllm_modes(True, True) == ["vllm", "vllm_aligned", "vllm_compiled"]

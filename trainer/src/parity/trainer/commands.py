@@ -132,9 +132,11 @@ def audit(
     kernels: Annotated[str, typer.Option("--kernels", help="aligned or standard")] = "aligned",
     dtype: Annotated[str, typer.Option("--dtype", help="float32, bfloat16, or auto (a --model's "
                                        "torch_dtype; float32 for --shape)")] = "auto",
-    engine: Annotated[str, typer.Option("--engine", help="parity (its aligned engine) or vllm "
-                                        "(vLLM's environment, scripts/build_vllm_env.sh): "
-                                        "measure its differences from the learner")] = "parity",
+    engine: Annotated[str, typer.Option("--engine", help="parity (its aligned engine), "
+                                        "vllm-aligned (vLLM running parity's decoder: must be "
+                                        "bit-identical) or vllm (vLLM's own model: measure its "
+                                        "differences from the learner); both vLLM engines run in "
+                                        "vLLM's environment, scripts/build_vllm_env.sh")] = "parity",
     json_: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     seed: Annotated[int, typer.Option("--seed", help="Seeds prompts and sampling.")] = 0,
     ray_address: Annotated[str | None, typer.Option(
@@ -145,8 +147,9 @@ def audit(
 
     Exit 0 when the mode shows what it must: aligned, every model bit-identical on a
     conclusive audit (enough uncertain tokens) and, with --ray-address, every node agreeing;
-    standard, differences in every model; --engine vllm, a conclusive measurement of the 5
-    scenarios a vLLM server can run. Exit 1 otherwise, 2 on bad input."""
+    standard, differences in every model; --engine vllm-aligned, bit-identical in the 5
+    scenarios a vLLM server can run; --engine vllm, a conclusive measurement of them. Exit 1
+    otherwise, 2 on bad input."""
     from parity.engine.audit import audit_models
     from parity.engine.cli import audit_targets, render_audit
     from parity.engine.vllm import VllmEnvError, VllmError
@@ -156,12 +159,18 @@ def audit(
         typer.echo(f"parity audit: --kernels must be 'aligned' or 'standard', not {kernels!r}",
                    err=True)
         raise typer.Exit(2)
-    if engine not in ("parity", "vllm"):
-        typer.echo(f"parity audit: --engine must be 'parity' or 'vllm', not {engine!r}", err=True)
+    if engine not in ("parity", "vllm", "vllm-aligned"):
+        typer.echo(f"parity audit: --engine must be 'parity', 'vllm-aligned' or 'vllm', not "
+                   f"{engine!r}", err=True)
+        raise typer.Exit(2)
+    if engine == "vllm-aligned" and kernels != "aligned":
+        typer.echo("parity audit: --engine vllm-aligned runs parity's aligned kernels; "
+                   "--kernels standard does not apply", err=True)
         raise typer.Exit(2)
     try:
         targets = audit_targets(model or [], shape or [], kernels, dtype)
-        report = audit_models(targets, kernels, seed, vllm=_audit_vllm() if engine == "vllm" else None)
+        vllm = _audit_vllm(engine == "vllm-aligned") if engine != "parity" else None
+        report = audit_models(targets, kernels, seed, vllm=vllm)
         if ray_address:
             report["cluster"] = _audit_cluster(ray_address, model or [], shape or [])
             report["passed"] = report["passed"] and report["cluster"]["agree"]
@@ -184,13 +193,14 @@ def audit(
         raise typer.Exit(1)
 
 
-def _audit_vllm():
+def _audit_vllm(aligned: bool):
     """vLLM's settings for an audit (its environment checked first: VllmEnvError says how
-    to build it); a short context, the audit's prompts are short."""
+    to build it, or that it lacks parity's plugin); a short context, the audit's prompts are
+    short."""
     from parity.engine.vllm import VllmSettings, check_vllm_env
 
-    check_vllm_env()
-    return VllmSettings(max_model_len=1024, max_num_seqs=64)
+    check_vllm_env(aligned=aligned)
+    return VllmSettings(max_model_len=1024, max_num_seqs=64, aligned=aligned)
 
 
 def _audit_cluster(address: str, model_dirs: list[Path], shapes: list[str]) -> dict:

@@ -197,27 +197,33 @@ def run_case(case: Case, bandwidth: float, vllm: bool = False, vllm_compiled: bo
         if dtype != "float32":
             into.update({f"{m}_over_fp32": round(best[dtype, m] / best["float32", m], 3)
                          for m in MODES})
-    for compiled in vllm_modes(vllm, vllm_compiled):
+    for name in vllm_modes(vllm, vllm_compiled):
         from parity.engine.vllm.bench import vllm_tokens_per_s
 
         limit = out["bandwidth_limit_tokens_per_s"]
+        _, compiled, aligned = VLLM_RUNS[name]
         tps = vllm_tokens_per_s(models["float32"], prompts, params, case.repeats, case.warm_prefix,
-                                compiled)
-        name = VLLM_RUNS[compiled][0]
+                                compiled, aligned)
         out.update({f"{name}_tokens_per_s": round(tps, 1),
                     f"aligned_over_{name}": round(out["aligned_tokens_per_s"] / tps, 3),
                     f"{name}_fraction_of_limit": round(tps / limit, 3)})
+    if "vllm_aligned_tokens_per_s" in out:  # > 1: parity's decoder in vLLM is the faster
+        out["vllm_aligned_over_vllm"] = round(
+            out["vllm_aligned_tokens_per_s"] / out["vllm_tokens_per_s"], 3)
     return out
 
 
-VLLM_RUNS = {False: ("vllm", "vLLM"), True: ("vllm_compiled", "vLLM compiled")}
-"""vLLM's runs by `compiled` flag: the name of their keys in a case's report, and their label."""
+VLLM_RUNS = {"vllm": ("vLLM", False, False), "vllm_aligned": ("vLLM+parity", False, True),
+             "vllm_compiled": ("vLLM compiled", True, False)}
+"""vLLM's runs: the name of their keys in a case's report -> (label, compiled: vLLM's
+torch.compile, aligned: parity's decoder inside vLLM, the vllm-aligned rollout engine)."""
 
 
-def vllm_modes(vllm: bool, compiled: bool) -> list[bool]:
-    """vLLM's runs a case asks for, as `compiled` flags: eager with `vllm`, compiled too (or
-    only) with `compiled`."""
-    return [c for c, asked in ((False, vllm), (True, compiled)) if asked]
+def vllm_modes(vllm: bool, compiled: bool) -> list[str]:
+    """vLLM's runs a case asks for (VLLM_RUNS names): with `vllm`, vLLM's own model and
+    parity's decoder in it, side by side; with `compiled`, vLLM's own model compiled."""
+    return [name for name, asked in (("vllm", vllm), ("vllm_aligned", vllm),
+                                     ("vllm_compiled", compiled)) if asked]
 
 
 class RolloutBackend(Protocol):
@@ -294,13 +300,17 @@ def run_multi_turn_case(case: MultiTurnCase, vllm: bool = False, vllm_compiled: 
         into.update({m: best[dtype, m].report() for m in MODES})
         into["standard_over_aligned_latency"] = round(
             into["standard"]["turn_ms_mean"] / into["aligned"]["turn_ms_mean"], 3)
-    for compiled in vllm_modes(vllm, vllm_compiled):
+    for name in vllm_modes(vllm, vllm_compiled):
         from parity.engine.vllm.bench import vllm_episodes
 
-        name = VLLM_RUNS[compiled][0]
-        out[name] = vllm_episodes(models["float32"], case, params, warm_prompt, compiled).report()
+        _, compiled, aligned = VLLM_RUNS[name]
+        out[name] = vllm_episodes(models["float32"], case, params, warm_prompt, compiled,
+                                  aligned).report()
         out[f"{name}_over_aligned_latency"] = round(
             out[name]["turn_ms_mean"] / out["aligned"]["turn_ms_mean"], 3)
+    if "vllm_aligned" in out:  # < 1: parity's decoder in vLLM answers a turn sooner
+        out["vllm_aligned_over_vllm_latency"] = round(
+            out["vllm_aligned"]["turn_ms_mean"] / out["vllm"]["turn_ms_mean"], 3)
     return out
 
 

@@ -98,10 +98,12 @@ def _echo_multi_turn(r: dict) -> None:
     for dtype, into in (("fp32", r), ("bf16", r["bf16"])):
         _echo_episodes(f"aligned {dtype}", into["aligned"])
         _echo_episodes(f"standard {dtype}", into["standard"])
-        for name, label in VLLM_RUNS.values():
+        for name, (label, *_) in VLLM_RUNS.items():
             if dtype == "fp32" and name in r:
                 _echo_episodes(f"{label} fp32", r[name])
                 typer.echo(f"    {label} ÷ aligned turn latency {r[f'{name}_over_aligned_latency']:.3f}")
+        if dtype == "fp32" and "vllm_aligned_over_vllm_latency" in r:
+            typer.echo(f"    vLLM+parity ÷ vLLM turn latency {r['vllm_aligned_over_vllm_latency']:.3f}")
         typer.echo(f"    standard ÷ aligned turn latency in {dtype} "
                    f"{into['standard_over_aligned_latency']:.3f}")
 
@@ -114,7 +116,8 @@ def bench_engine(
     ] = None,
     threads: int = typer.Option(0, "--threads", help="torch threads (0: leave torch's default)."),
     vllm: bool = typer.Option(False, "--vllm", help="Also time vLLM on the same weights and "
-                              "requests (its environment: scripts/build_vllm_env.sh)."),
+                              "requests, with its own model and with parity's decoder in it "
+                              "(vllm-aligned); its environment: scripts/build_vllm_env.sh."),
     vllm_compiled: bool = typer.Option(False, "--vllm-compiled", help="Also time vLLM with its "
                                        "torch.compile (about a minute of start-up per case)."),
 ) -> None:
@@ -141,11 +144,13 @@ def bench_engine(
                    f"standard {r['standard_tokens_per_s']:9.1f} tok/s  ratio {r['ratio']:.3f}  "
                    f"bandwidth bound {r['bandwidth_limit_tokens_per_s']:9.1f} tok/s "
                    f"(aligned {r['aligned_fraction_of_limit']:.0%})")
-        for name, label in VLLM_RUNS.values():
+        for name, (label, *_) in VLLM_RUNS.items():
             if f"{name}_tokens_per_s" in r:
                 typer.echo(f"  {'':36s} {label:13s} {r[f'{name}_tokens_per_s']:9.1f} tok/s  aligned ÷ "
                            f"{label} {r[f'aligned_over_{name}']:.3f}  ({label} "
                            f"{r[f'{name}_fraction_of_limit']:.0%} of the bound)")
+        if "vllm_aligned_over_vllm" in r:
+            typer.echo(f"  {'':36s} vLLM+parity ÷ vLLM {r['vllm_aligned_over_vllm']:.3f}")
         b = r["bf16"]
         typer.echo(f"  {'  in bf16':36s} aligned {b['aligned_tokens_per_s']:9.1f} tok/s  "
                    f"standard {b['standard_tokens_per_s']:9.1f} tok/s  ratio {b['ratio']:.3f}  "
