@@ -12,6 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from parity.engine.kv_cache import DenseBatch, PagedKV
 from parity.model import Decoder, DenseKV, SeqLayout
 from parity.model.shapes import TINY
 from parity.vllm_plugin import (
@@ -20,7 +21,7 @@ from parity.vllm_plugin import (
     aligned_architecture,
     check_vllm_version,
 )
-from parity.vllm_plugin.model import VllmKV
+from parity.vllm_plugin.model import VllmCache
 
 ROOT = Path(__file__).resolve().parents[3]
 BLOCK = 64  # what the guest server starts vLLM with (a divisor of parity's key tile)
@@ -45,7 +46,8 @@ def _vllm_caches(layers: int, blocks: int, kv_heads: int, d: int) -> list[torch.
 @given(data=st.data())
 def test_any_split_into_steps_gives_the_learners_bits(model: Decoder, data: st.DataObject) -> None:
     """Sequences fed to vLLM's cache in chunks (prefill, chunked prefill, decode, continuing
-    a cached prefix) give hidden states equal to the learner's whole-sequence forward."""
+    a cached prefix), with the running batch kept dense between steps or gathered at every
+    step, give hidden states equal to the learner's whole-sequence forward."""
     cfg = model.config
     lengths = data.draw(st.lists(st.integers(1, 150), min_size=1, max_size=4), "lengths")
     tokens = [torch.randint(0, cfg.vocab_size, (n,), generator=torch.Generator().manual_seed(n))
@@ -61,14 +63,16 @@ def test_any_split_into_steps_gives_the_learners_bits(model: Decoder, data: st.D
     for s, k in enumerate(per_seq):
         tables[s, :k] = order[at:at + k]
         at += k
-    caches = _vllm_caches(cfg.num_hidden_layers, sum(per_seq) + 1, cfg.kv_heads, cfg.dim_per_head)
+    pool = VllmCache(_vllm_caches(cfg.num_hidden_layers, sum(per_seq) + 1, cfg.kv_heads,
+                                  cfg.dim_per_head))
+    dense = DenseBatch(pool, 2**30) if data.draw(st.booleans(), "dense") else None
     done = [0] * len(lengths)
     got: list[list[torch.Tensor]] = [[] for _ in lengths]
     while any(d < n for d, n in zip(done, lengths, strict=True)):
         live = [s for s, n in enumerate(lengths) if done[s] < n]
         step = [data.draw(st.integers(1, lengths[s] - done[s]), f"chunk {s}") for s in live]
         layout = SeqLayout.from_lengths(step, [done[s] for s in live])
-        kv = VllmKV(caches, tables[live], layout)
+        kv = PagedKV.build(pool, tables[live], layout, dense, live)
         with torch.no_grad():
             out = model.forward(torch.cat([tokens[s][done[s]:done[s] + k]
                                            for s, k in zip(live, step, strict=True)]), layout, kv)
@@ -85,7 +89,7 @@ def test_keys_and_values_land_in_vllms_layout(model: Decoder) -> None:
     cfg = model.config
     caches = _vllm_caches(1, 3, cfg.kv_heads, cfg.dim_per_head)
     layout = SeqLayout.from_lengths([2])
-    kv = VllmKV(caches, torch.tensor([[2]], dtype=torch.int32), layout)
+    kv = PagedKV.build(VllmCache(caches), torch.tensor([[2]], dtype=torch.int32), layout)
     k = torch.arange(2 * cfg.kv_heads * cfg.dim_per_head, dtype=torch.float32).view(2, cfg.kv_heads, -1)
     keys, values = kv.update(0, k, -k, layout)
     slab = caches[0].view(3, cfg.kv_heads, 2, BLOCK, cfg.dim_per_head)

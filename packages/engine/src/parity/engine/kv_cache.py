@@ -3,6 +3,8 @@ the running batch's keys and values kept dense between steps."""
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+
 import torch
 
 from parity.model import ModelConfig, SeqLayout
@@ -28,6 +30,17 @@ class KVPool:
     def nbytes(self) -> int:
         return 2 * self.k.numel() * self.k.element_size()
 
+    # What PagedKV and DenseBatch read of a paged cache (parity's here; vLLM's CPU cache in
+    # parity.vllm_plugin): its shape, and per layer where keys and values live.
+    stride = 1  # a (block, head)'s key slab is slab (block * Hkv + head) * stride
+    layers = property(lambda self: self.k.shape[0])
+    head_dim = property(lambda self: self.k.shape[-1])
+    dtype = property(lambda self: self.k.dtype)
+
+    def stores(self, layer: int) -> list[tuple[torch.Tensor, int, int]]:
+        """Layer's (cache, slot offset, slab offset) for keys, then values: two pools here."""
+        return [(self.k[layer], 0, 0), (self.v[layer], 0, 0)]
+
     @staticmethod
     def bytes_per_token(cfg: ModelConfig, dtype: torch.dtype) -> int:
         """K and V of one token slot, every layer: what a memory budget is divided by."""
@@ -49,15 +62,15 @@ class DenseBatch:
 
     def __init__(self, pool: KVPool, max_bytes: int) -> None:
         self.pool, self.max_bytes = pool, max_bytes
-        layers = pool.k.shape[0]
+        layers = pool.layers
         # per layer, flat buffers for K and V, reused while large enough
         self.buffers: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * layers
-        self.seq_ids: list[int] = []
+        self.seq_ids: list[Hashable] = []
         self.kv_lens: list[int] | None = None  # each sequence's keys held; None while a step writes
         self.capacity = 0
         self.rebuilds = 0  # steps that gathered from the pool into it
 
-    def claim(self, seq_ids: list[int], offsets: list[int], kv_len: int) -> bool | None:
+    def claim(self, seq_ids: list[Hashable], offsets: list[int], kv_len: int) -> bool | None:
         """Whether a step of these sequences (continuing after `offsets` keys, up to `kv_len`
         keys padded) reads from here: False if served as held, True if rebuilt for them,
         None if it runs without."""
@@ -70,7 +83,7 @@ class DenseBatch:
         # [S, Hkv, tiles, KV_TILE, D] batches, which a longer buffer would make it copy
         # (decode then rebuilds once every KV_TILE steps)
         pool = self.pool
-        per_layer = len(seq_ids) * len(pool.heads) * kv_len * pool.k.shape[-1] * pool.k.element_size()
+        per_layer = len(seq_ids) * len(pool.heads) * kv_len * pool.head_dim * pool.dtype.itemsize
         if 2 * len(self.buffers) * per_layer > self.max_bytes:
             return None
         self.seq_ids, self.capacity = list(seq_ids), kv_len
@@ -81,7 +94,8 @@ class DenseBatch:
         """Layer's K and V buffers of exactly `numel` elements (flat, uninitialised if new)."""
         held = self.buffers[layer]
         if held is None or held[0].numel() < numel:
-            held = self.buffers[layer] = (self.pool.k.new_empty(numel), self.pool.v.new_empty(numel))
+            held = self.buffers[layer] = (torch.empty(numel, dtype=self.pool.dtype),
+                                          torch.empty(numel, dtype=self.pool.dtype))
         return held[0][:numel], held[1][:numel]
 
     def written(self, kv_lens: list[int]) -> None:
@@ -94,13 +108,16 @@ class DenseBatch:
 
 
 class PagedKV:
-    """The KVStore of one forward call.
+    """The KVStore of one forward call, over a paged pool: parity's `KVPool`, or any cache
+    with its `stride`, `heads`, `block_size`, `layers`, `head_dim`, `dtype` and `stores`
+    (vLLM's, in parity.vllm_plugin).
 
     `slots` [N * Hkv]: where each new row's K/V vector goes, per head, in the pool seen as
-    [blocks * Hkv * block_size, D]. `slabs` [S * Hkv * L / block_size]: the [block_size, D]
-    slabs (pool seen as [blocks * Hkv, block_size * D]) that make up each sequence's keys of
-    each head, in [S, Hkv, L, D] order, from its block table padded to L keys; padding points
-    at block 0, whose values are finite and which attention masks out. With a `dense` batch,
+    [rows, D]. `slabs` [S * Hkv * L / block_size]: the [block_size, D] slabs (pool seen as
+    [slabs, block_size * D]) that make up each sequence's keys of each head, in [S, Hkv, L, D]
+    order, from its block table padded to L keys (`block_indices`); each store of
+    `pool.stores(layer)` shifts them by its offsets. Padding points at block 0, whose values
+    are finite and which attention masks out. With a `dense` batch,
     `rows` [N * Hkv] is where each new row's vectors go in it, seen as [S * Hkv * L, D]; a
     `rebuild` call gathers every layer from the pool into it.
     """
@@ -112,10 +129,12 @@ class PagedKV:
         self.dense, self.rows, self.rebuild = dense, rows, rebuild
 
     @classmethod
-    def build(cls, pool: KVPool, tables: list[list[int]], layout: SeqLayout,
-              dense: DenseBatch | None = None, seq_ids: list[int] | None = None) -> PagedKV:
-        """The store of one call; with `dense` and the call's `seq_ids`, read from `dense`
-        when it holds these sequences or can be rebuilt for them (`DenseBatch.claim`)."""
+    def build(cls, pool: KVPool, tables: list[list[int]] | torch.Tensor, layout: SeqLayout,
+              dense: DenseBatch | None = None, seq_ids: list[Hashable] | None = None
+              ) -> PagedKV:
+        """The store of one call (`tables`: each sequence's blocks, as lists or as the rows
+        of a tensor); with `dense` and the call's `seq_ids`, read from `dense` when it holds
+        these sequences or can be rebuilt for them (`DenseBatch.claim`)."""
         bs, heads = pool.block_size, pool.heads
         length, rebuild = layout.max_kv_len, None
         if dense is not None and seq_ids is not None:
@@ -124,10 +143,14 @@ class PagedKV:
         if rebuild is None:
             dense = None
         n_blocks = length // bs
-        padded = torch.tensor(
-            [t[:n_blocks] + [0] * (n_blocks - len(t)) for t in tables], dtype=torch.long
-        )
-        slots, slabs = block_indices(padded, layout, bs, len(heads))
+        if isinstance(tables, torch.Tensor):
+            padded = tables[: len(layout.lengths), :n_blocks].long()
+            padded = torch.nn.functional.pad(padded, (0, n_blocks - padded.shape[1]))
+        else:
+            padded = torch.tensor(
+                [t[:n_blocks] + [0] * (n_blocks - len(t)) for t in tables], dtype=torch.long
+            )
+        slots, slabs = block_indices(padded, layout, bs, len(heads), pool.stride)
         rows = None
         if dense is not None:
             rows = ((layout.seq_of_row[:, None] * len(heads) + heads[None, :]) * length
@@ -138,17 +161,19 @@ class PagedKV:
         self, layer: int, k: torch.Tensor, v: torch.Tensor, layout: SeqLayout
     ) -> tuple[torch.Tensor, torch.Tensor]:
         s, n = len(layout.lengths), layout.max_kv_len
-        hkv, bs, d = self.pool.k.shape[2:]
-        stores = [self.pool.k[layer], self.pool.v[layer]]
+        hkv, bs, d = len(self.pool.heads), self.pool.block_size, self.pool.head_dim
         held = self.dense.layer(layer, s * hkv * n * d) if self.dense is not None else (None, None)
         out = []
-        for store, new, buf in zip(stores, (k, v), held, strict=True):
+        for (store, at_slot, at_slab), new, buf in zip(self.pool.stores(layer), (k, v), held,
+                                                       strict=True):
+            slots = self.slots + at_slot if at_slot else self.slots
             if buf is not None and not self.rebuild:  # served: only the new rows change
                 new = new.to(store.dtype).reshape(-1, d)
-                store.view(-1, d).index_copy_(0, self.slots, new)
+                store.view(-1, d).index_copy_(0, slots, new)
                 buf.view(-1, d).index_copy_(0, self.rows, new)
             else:  # every sequence's keys and values, from the pool (into the dense batch)
-                buf = write_and_gather(store, self.slots, self.slabs, new, bs, buf)
+                slabs = self.slabs + at_slab if at_slab else self.slabs
+                buf = write_and_gather(store, slots, slabs, new, bs, buf)
             out.append(buf.view(s, hkv, n, d))
         if self.dense is not None and layer == len(self.dense.buffers) - 1:
             self.dense.written(layout.kv_lens)

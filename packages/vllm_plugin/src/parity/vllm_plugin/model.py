@@ -5,7 +5,10 @@ Runs inside vLLM's worker process (vLLM's torch, not the workspace's). The forwa
 `Decoder.forward` itself, the learner's: only its `KVStore` differs, one that writes each
 layer's new keys and values into vLLM's paged CPU cache and reads every sequence's keys
 back through vLLM's block table (`VllmKV`), with the index arithmetic parity's own engine
-uses (`parity.engine.kv_cache.block_indices`). vLLM's per-layer `Attention` modules are
+uses (`parity.engine.kv_cache.PagedKV`, over `VllmCache`). As in parity's engine, the
+running batch's keys and values stay dense between decode steps (`DenseBatch`), told apart
+by vLLM's request ids in batch order (`request_ids`, attached by the guest server's worker
+extension). vLLM's per-layer `Attention` modules are
 created only so that vLLM allocates those caches and builds their metadata; their own
 forward never runs.
 
@@ -18,42 +21,38 @@ with each (block, head) holding its key rows, then its value rows.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 
-from parity.engine.kv_cache import block_indices, write_and_gather
+from parity.engine.kv_cache import DenseBatch, PagedKV
 from parity.engine.weights import apply_update, check_update
 from parity.model import Decoder, DenseKV, ModelConfig, SeqLayout
 from parity.model.layout import KV_TILE
 from parity.vllm_plugin import PluginError
 
+DENSE_KV_BYTES = 2**30  # the running batch's keys and values kept dense (as engine.dense_kv_mib)
 
-class VllmKV:
-    """A KVStore over vLLM's paged cache for one forward call: `caches[layer]` [blocks,
-    Hkv, block_size, 2·D] (contiguous, so seen as [blocks·Hkv·2, block_size, D]: the key
-    slab of (block, head) at 2·(block·Hkv + head), its value slab next), `block_table`
-    [S, blocks per sequence] from vLLM's attention metadata."""
 
-    def __init__(self, caches: list[torch.Tensor], block_table: torch.Tensor,
-                 layout: SeqLayout) -> None:
-        _, kv_heads, block_size, _ = caches[0].shape
-        self.caches, self.block_size = caches, block_size
-        n_blocks = layout.max_kv_len // block_size
-        table = block_table[: len(layout.lengths), :n_blocks].long()
-        if table.shape[1] < n_blocks:  # keys past the table's end: padding, masked out
-            table = torch.nn.functional.pad(table, (0, n_blocks - table.shape[1]))
-        self.slots, self.slabs = block_indices(table, layout, block_size, kv_heads, stride=2)
+class VllmCache:
+    """vLLM's paged CPU cache, every layer, as a pool parity's `PagedKV` and `DenseBatch`
+    read (`parity.engine.kv_cache.KVPool`'s protocol): `caches[layer]` [blocks, Hkv,
+    block_size, 2·D], contiguous, so seen as [blocks·Hkv·2, block_size, D] the key slab of
+    (block, head) is slab 2·(block·Hkv + head) and its value slab the next one."""
 
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor, layout: SeqLayout
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-        cache, bs = self.caches[layer], self.block_size
-        s, n, (hkv, d) = len(layout.lengths), layout.max_kv_len, k.shape[1:]
-        keys = write_and_gather(cache, self.slots, self.slabs, k, bs)
-        values = write_and_gather(cache, self.slots + bs, self.slabs + 1, v, bs)
-        return keys.view(s, hkv, n, d), values.view(s, hkv, n, d)
+    stride = 2
+
+    def __init__(self, caches: list[torch.Tensor]) -> None:
+        _, kv_heads, self.block_size, two_d = caches[0].shape
+        self.caches = caches
+        self.heads = torch.arange(kv_heads)
+        self.layers, self.head_dim, self.dtype = len(caches), two_d // 2, caches[0].dtype
+
+    def stores(self, layer: int) -> list[tuple[torch.Tensor, int, int]]:
+        cache = self.caches[layer]
+        return [(cache, 0, 0), (cache, self.block_size, 1)]
 
 
 @contextmanager
@@ -96,6 +95,11 @@ class ParityForCausalLM(Decoder):
                       prefix=name)
             for name in self.attn_names
         ]
+        # vLLM's request ids in batch order (the worker extension's `parity_attach`); without
+        # them every step gathers its keys from the cache
+        self.request_ids: Callable[[], list[str]] | None = None
+        self.pool: VllmCache | None = None  # vLLM binds the caches after construction
+        self.dense: DenseBatch | None = None
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(input_ids).to(self.compute_dtype)
@@ -121,16 +125,22 @@ class ParityForCausalLM(Decoder):
             starts = meta.query_start_loc.tolist()
             layout = SeqLayout(starts[:-1], [b - a for a, b in itertools.pairwise(starts)],
                                positions[:n].long(), meta.seq_lens.tolist())
-            kv = VllmKV([self._cache(a) for a in self.vllm_attention], meta.block_table, layout)
+            kv = self._paged(meta.block_table, layout)
         hidden = super().forward(input_ids[:n].long(), layout, kv)
         if n < input_ids.shape[0]:
             hidden = torch.cat([hidden, hidden.new_zeros(input_ids.shape[0] - n, hidden.shape[1])])
         return hidden
 
-    @staticmethod
-    def _cache(attention: Any) -> torch.Tensor:
-        cache = attention.kv_cache
-        return cache[0] if isinstance(cache, list) else cache
+    def _paged(self, block_table: torch.Tensor, layout: SeqLayout) -> PagedKV:
+        """The call's KVStore over vLLM's caches, with the dense running batch when the
+        request ids are known."""
+        if self.pool is None:
+            caches = [a.kv_cache[0] if isinstance(a.kv_cache, list) else a.kv_cache
+                      for a in self.vllm_attention]
+            self.pool = VllmCache(caches)
+            self.dense = DenseBatch(self.pool, DENSE_KV_BYTES)
+        ids = self.request_ids()[: len(layout.lengths)] if self.request_ids else None
+        return PagedKV.build(self.pool, block_table, layout, self.dense if ids else None, ids)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """The learner's logits (`Decoder.logits`); vLLM's sampler then takes
@@ -145,5 +155,7 @@ class ParityForCausalLM(Decoder):
                  for name, t in weights}
         check_update(self, state, 0)
         apply_update(self, state)
+        if self.dense is not None:  # its keys and values were computed by the old weights
+            self.dense.forget()
         return set(expected)
 

@@ -60,6 +60,12 @@ class ParityWorkerExtension:
         self.model_runner.reload_weights(weights_iterator=iter(state.items()))  # type: ignore[attr-defined]
         return len(state)
 
+    def parity_attach(self) -> None:
+        """Let parity's decoder see the request ids of each step's batch, in batch order (it
+        keeps the running batch's keys dense between steps of the same requests)."""
+        runner = self.model_runner  # type: ignore[attr-defined]
+        runner.get_model().request_ids = lambda: runner.input_batch.req_ids
+
     def parity_probe(self) -> dict:
         """This worker's proof and fingerprint of parity's aligned kernels (aligned only)."""
         from parity.model.selfcheck import probe
@@ -178,6 +184,7 @@ class Server:
     async def start(self) -> None:
         """What runs once the engine is up: the aligned worker's probe."""
         if self.aligned:
+            await self.engine.collective_rpc("parity_attach")
             (self.probe,) = await self.engine.collective_rpc("parity_probe")
 
     async def generate(self, req: dict) -> dict:
