@@ -110,7 +110,9 @@ def run_training(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
 
     t0 = time.time()
     run = RunDir(run_dir)
-    ckpt = _restart_point(run, cfg) if resume else None  # first: a finished run does nothing
+    if resume:  # first: a finished run does nothing
+        _refuse_finished(run, cfg)
+    ckpt = _restart_point(run) if resume else None
     model_dir = backends.resolve_model_dir(cfg)
     if io is None:
         backends.check_model(cfg, model_dir)
@@ -172,7 +174,7 @@ def run_training(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
                     raise RunStopped(f"{e} (restarted {restarts - 1} times already; "
                                      f"train.max_learner_restarts = "
                                      f"{cfg.train.max_learner_restarts})") from e
-                ckpt = _restart_point(run, cfg)
+                ckpt = _restart_point(run)
                 where = ckpt.path.name if ckpt else "the start"
                 print(f"parity train: {e}; restarting the run from {where} "
                       f"({restarts}/{cfg.train.max_learner_restarts})", file=sys.stderr)
@@ -199,20 +201,27 @@ def _version(ckpt: Checkpoint | None) -> int:
     return ckpt.state["learner"]["version"] if ckpt else 0
 
 
-def _restart_point(run: RunDir, cfg: TrainConfig) -> Checkpoint | None:
-    """The run's latest checkpoint, its later records forgotten (they are redone); None,
-    and everything forgotten, when the run never reached one. What a checkpoint write that
-    was killed left behind is removed. A run that has trained all `train.steps` and written
-    its summary raises RunFinished; a damaged checkpoint directory, CheckpointError."""
-    remove_partial(run.checkpoints)
-    path = latest_checkpoint(run.checkpoints)
-    ckpt = load_checkpoint(path) if path is not None else None
-    done = _version(ckpt)
-    if done >= cfg.train.steps and (run.root / "summary.json").is_file():
+def _refuse_finished(run: RunDir, cfg: TrainConfig) -> None:
+    """RunFinished when the run has trained all `train.steps` and written its summary."""
+    try:
+        done = json.loads((run.root / "summary.json").read_text()).get("updates", 0)
+    except (OSError, ValueError):
+        return
+    if done >= cfg.train.steps:
         raise RunFinished(f"{run.root} has trained all its {done} steps (train.steps = "
                           f"{cfg.train.steps}); to train on: parity train --resume {run.root} "
                           f"--set train.steps=N with N > {done}")
-    run.truncate_from(done)
+
+
+def _restart_point(run: RunDir) -> Checkpoint | None:
+    """The run's latest checkpoint, its later records forgotten (they are redone); None,
+    and everything forgotten, when the run never reached one. What a checkpoint write that
+    was killed left behind is removed; a damaged checkpoint directory raises
+    CheckpointError."""
+    remove_partial(run.checkpoints)
+    path = latest_checkpoint(run.checkpoints)
+    ckpt = load_checkpoint(path) if path is not None else None
+    run.truncate_from(_version(ckpt))
     return ckpt
 
 
