@@ -2,7 +2,7 @@
 
 All functions take `logw` = log π − log μ per token and a 0/1 `mask` of the tokens that
 count (the model-generated ones), both [B, T]; masked-out positions are ignored whatever
-they hold. For the split of design.md §1:
+they hold. For the split of docs/training.md §1:
 
     total     logw = log π_θk − log μ_v
     mismatch  logw = log π_θv − log μ_v     (same weights, learner vs rollout kernels)

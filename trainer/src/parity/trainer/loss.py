@@ -1,4 +1,4 @@
-"""REINFORCE Zero (design.md §2) and its comparison modes.
+"""REINFORCE Zero (docs/training.md §2) and its comparison modes.
 
     A_i     = R_i − b_g                       b_g: group mean (or VCPO's Σρ_i R_i / Σρ_i)
     w_{i,t} = exp(log π_θ − log μ)            untruncated by default

@@ -1,7 +1,7 @@
-"""A run directory and what the trainer writes into it (design.md §4).
+"""A run directory and what the trainer writes into it (docs/training.md §3).
 
     config.toml      the resolved config
-    metrics.jsonl    one record per step (metric names of design.md §4)
+    metrics.jsonl    one record per step (metric names: docs/training.md §3)
     spans.jsonl      raw time spans of every actor (what `parity profile` reads)
     trace.json       Chrome/Perfetto timeline, one track per actor
     samples.jsonl    a few whole episodes per step: text, reward and its parts, tool calls
