@@ -111,13 +111,18 @@ def test_an_envs_own_longer_episode_limit_sizes_the_engine() -> None:
 def test_a_kv_pool_beyond_available_memory_is_refused_naming_the_keys() -> None:
     """examples/hf_checkpoint.toml's 8 GiB pool on a machine with 6 GiB free: refused before
     any actor allocates, not killed by the OS minutes in."""
+    from parity.model import ModelConfig
+    from parity.model.io import param_count
     from parity.trainer.backends import MemoryBudgetError, check_memory
     from parity.trainer.embedded import EMBEDDED_DIR
+
+    params = param_count(ModelConfig.from_pretrained(EMBEDDED_DIR))
+    assert params == 3_216_384  # the embedded checkpoint's tensors, a tied head once
 
     cfg = load_train_config(None, ["engine.kv_memory_gib=8.0", "engine.max_model_len=16384"])
     gib = 2**30
     with pytest.raises(MemoryBudgetError) as e:
-        check_memory(cfg, str(EMBEDDED_DIR), 8 * gib, 4, available=6 * gib)
+        check_memory(cfg, params, 8 * gib, 4, available=6 * gib)
     assert str(e.value) == (
         "the run needs about 9.1 GiB but this machine has 6.0 GiB available: KV pools 8.0 GiB "
         "(rollout.workers = 1 x engine.kv_memory_gib / engine.kv_blocks, sized from "
@@ -125,4 +130,4 @@ def test_a_kv_pool_beyond_available_memory_is_refused_naming_the_keys() -> None:
         "(engine.dense_kv_mib = 1024), weights, gradients and optimizer state 0.1 GiB (3M "
         "parameters); lower engine.kv_memory_gib or engine.kv_blocks, engine.max_model_len, "
         "engine.dense_kv_mib or rollout.workers")
-    check_memory(cfg, str(EMBEDDED_DIR), 8 * gib, 4, available=10 * gib)  # fits: no error
+    check_memory(cfg, params, 8 * gib, 4, available=10 * gib)  # fits: no error

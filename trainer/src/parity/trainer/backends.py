@@ -4,7 +4,6 @@ actors), so the trainer's own modules load without them."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -63,13 +62,13 @@ def check_model(cfg: TrainConfig, model_dir: str) -> None:
     names what failed)."""
     from parity.engine.kv_cache import KVPool
     from parity.model import require_alignment
-    from parity.model.io import check_model_dir
+    from parity.model.io import check_model_dir, param_count
 
     model_config = check_model_dir(model_dir)
     dtype = run_dtype(cfg)
     engine = engine_config(cfg, model_config, dtype)
     if not cfg.train.ray_address:  # a local run: every actor on this machine
-        check_memory(cfg, model_dir, KVPool.bytes_per_token(model_config, dtype)
+        check_memory(cfg, param_count(model_config), KVPool.bytes_per_token(model_config, dtype)
                      * engine.kv_blocks * engine.block_size, dtype.itemsize)
     if cfg.model.kernels == "aligned":
         require_alignment(model_config)
@@ -89,18 +88,17 @@ class MemoryBudgetError(ConfigError):
     """The config asks for more memory than this machine has available."""
 
 
-def check_memory(cfg: TrainConfig, model_dir: str, kv_pool_bytes: int, itemsize: int,
+def check_memory(cfg: TrainConfig, params: int, kv_pool_bytes: int, itemsize: int,
                  available: int | None = None) -> None:
     """Before any actor allocates: the rollout workers' KV pools and dense K/V plus the
-    weights (each worker's copy; the learner's fp32 masters, gradients and AdamW moments)
-    fit in `available` bytes (MemAvailable of /proc/meminfo by default). A run that does
+    `params` weights (each worker's copy; the learner's fp32 masters, gradients and AdamW
+    moments) fit in `available` bytes (MemAvailable of /proc/meminfo by default). A run that does
     not would be killed by the OS or Ray's memory monitor minutes in; this names the keys
     to change instead."""
     available = _mem_available() if available is None else available
     if available is None:  # not Linux: nothing to compare with
         return
     workers = cfg.rollout.workers
-    params = _param_count(Path(model_dir))
     pools = workers * kv_pool_bytes
     dense = workers * cfg.engine.dense_kv_mib * 2**20
     weights = params * (workers * itemsize + 16 + itemsize)  # learner: 4+4+8 fp32 bytes
@@ -127,17 +125,6 @@ def _mem_available() -> int | None:
     except OSError:
         pass
     return None
-
-
-def _param_count(model_dir: Path) -> int:
-    """Parameters in a model directory's safetensors files (from their headers)."""
-    from safetensors import safe_open
-
-    count = 0
-    for f in model_dir.glob("*.safetensors"):
-        with safe_open(f, "pt") as st:
-            count += sum(math.prod(st.get_slice(name).get_shape()) for name in st.keys())  # noqa: SIM118
-    return count
 
 
 def check_env(cfg: TrainConfig) -> None:

@@ -119,11 +119,9 @@ class RunDir:
     def truncate_from(self, step: int) -> None:
         """On resume at `step`: forget metrics, samples and spans of steps ≥ step (they are
         redone)."""
-        recs = [r for r in read_metrics(self.root) if r["step"] < step]
-        _atomic_write(self.metrics_path, "".join(json.dumps(r) + "\n" for r in recs))
-        samples = [r for r in _read_jsonl(self.root / "samples.jsonl") if r["step"] < step]
-        _atomic_write(self.root / "samples.jsonl", "".join(json.dumps(r) + "\n"
-                                                           for r in samples))
+        for path in (self.metrics_path, self.root / "samples.jsonl"):
+            kept = [r for r in _read_jsonl(path) if r["step"] < step]
+            _atomic_write(path, "".join(json.dumps(r) + "\n" for r in kept))
         spans = [s for s in read_spans(self.spans_path) if s.step < step]
         self.spans_path.unlink(missing_ok=True)
         write_spans(spans, self.spans_path)

@@ -105,10 +105,19 @@ def check_model_dir(directory: str | Path) -> ModelConfig:
     (seconds for any size, no weights in memory): the config, or the error load_model gives."""
     directory = Path(directory)
     cfg = ModelConfig.from_pretrained(directory)
-    with torch.device("meta"):
-        shapes = Decoder(cfg, "standard")  # standard: no start-up proof for a shape check
-    _check_tensors(directory, shapes, _read_tensors(directory, header_only=True))
+    _check_tensors(directory, _shapes(cfg), _read_tensors(directory, header_only=True))
     return cfg
+
+
+def param_count(cfg: ModelConfig) -> int:
+    """The decoder's parameters at `cfg`'s shapes (a tied head counted once)."""
+    return sum(p.numel() for p in _shapes(cfg).parameters())
+
+
+def _shapes(cfg: ModelConfig) -> Decoder:
+    """The decoder with no storage (meta tensors): its parameters' names and shapes."""
+    with torch.device("meta"):
+        return Decoder(cfg, "standard")  # standard: no start-up proof for a shape check
 
 
 def stored_dtypes(directory: str | Path) -> set[str]:
