@@ -1,4 +1,5 @@
-"""`parity envs list|check|play`: list the environments, check one, play one by hand."""
+"""`parity envs list|check|play|osworld-coverage`: list the environments, check one, play one by hand,
+measure how much of a folder of OSWorld task files the desktop loads."""
 
 from __future__ import annotations
 
@@ -132,3 +133,22 @@ def _expected_answer(env: Any) -> Any:
     """The episode's task answer, for a TextEnv whose tasks have one (`episode.task`)."""
     task = getattr(getattr(env.unwrapped, "episode", None), "task", None)
     return task.get("answer") if isinstance(task, Mapping) else None
+
+
+@app.command("osworld-coverage")
+def osworld_coverage(
+    directory: str = typer.Argument(..., help="A folder of OSWorld task files, e.g. evaluation_examples/examples."),
+    exclude: list[str] | None = typer.Option(None, "--exclude", help="A folder or file under DIR to skip (repeatable)."),
+    json_: bool = typer.Option(False, "--json", help="One JSON object: per app and in all."),
+) -> None:
+    """How many OSWorld task files the desktop's loader accepts, per app folder, with the
+    reasons for the rest (files they download stand in as placeholders)."""
+    from pathlib import Path
+
+    from parity.envs.desktop.osworld import coverage, report
+
+    if not Path(directory).is_dir():
+        typer.echo(f"error: {directory} is not a folder", err=True)
+        raise typer.Exit(2)
+    result = coverage(directory, exclude)
+    typer.echo(json.dumps(result, indent=2) if json_ else report(result))

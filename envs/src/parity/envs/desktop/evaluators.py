@@ -13,9 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 from .client import DesktopRequestError
-from .getters import GETTERS, EvalContext
-from .metrics import METRICS
-from .steps import run_step
+from .getters import EvalContext
+from .steps import run_step, setup_steps
+from .vocabulary import GETTERS, METRICS
 
 
 def _as_list(value: Any, n: int) -> list:
@@ -39,7 +39,7 @@ def evaluate(ctx: EvalContext, evaluator: dict, last_action: str | None) -> floa
     if last_action == "fail":
         return 0.0
     try:
-        for step in evaluator.get("postconfig", []):
+        for step in setup_steps(evaluator.get("postconfig", []), ctx.files_dir):
             run_step(ctx.client, step, ctx.width, ctx.height)
     except DesktopRequestError:
         return 0.0

@@ -198,18 +198,37 @@ def _pick_sheet(idx: int | str, result: Any, expected: Any) -> Any:
 
 
 def _match_value(value: Any, rule: dict) -> bool:
-    """OSWorld's value rule: {"method": eq|ne|re|lt|le|gt|ge|approx:<tol>, "ref": ...}."""
+    """OSWorld's value rule {"method", "ref"}: eq|ne|lt|le|gt|ge, re (or re.I, re.M...: a regex
+    search with those flags), approx:<tol>, range.<a><b> (ref [lo, hi]: lo a value b hi, each
+    bound "t" strict, "e" inclusive), str_list_eq / str_set_eq (a comma-separated string
+    against a list). Order comparisons and ranges take numbers only."""
     method, ref = rule["method"], rule["ref"]
-    if method == "eq":
-        return value == ref
-    if method == "ne":
-        return value != ref
-    if method == "re":
-        return isinstance(value, str) and re.search(ref, value) is not None
+    if method in ("eq", "ne"):
+        return (value == ref) == (method == "eq")
+    if method.split(".")[0] == "re":
+        flags = 0
+        for name in method.split(".")[1:]:
+            flags |= getattr(re, name)
+        return isinstance(value, str) and re.search(ref, value, flags) is not None
+    if method in ("str_list_eq", "str_set_eq"):
+        kind = list if method == "str_list_eq" else set
+        return isinstance(value, str) and kind(value.strip("\"'").split(",")) == kind(ref)
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return False
+    if isinstance(value, str) and not method.startswith("approx:"):
+        return False
     if method.startswith("approx:"):
-        return isinstance(value, int | float) and abs(float(value) - float(ref)) <= float(method[7:])
+        return abs(number - float(ref)) <= float(method[7:])
+    if method.startswith("range."):
+        return _RANGE[method[6]](float(ref[0]), number) and _RANGE[method[7]](number, float(ref[1]))
     compare = {"lt": float.__lt__, "le": float.__le__, "gt": float.__gt__, "ge": float.__ge__}[method]
-    return isinstance(value, int | float) and compare(float(value), float(ref))
+    return compare(number, float(ref))
+
+
+_RANGE = {"t": float.__lt__, "e": float.__le__}
+"""OSWorld's range bounds: "t" strict (a < b), "e" inclusive (a <= b)."""
 
 
 def compare_table(result: Any, expected: Any = None, **options: Any) -> float:
