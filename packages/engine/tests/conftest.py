@@ -16,3 +16,12 @@ def model():
 @pytest.fixture
 def engine(model):
     return Engine(model, EngineConfig(kv_blocks=256, max_batch_tokens=256))
+
+
+@pytest.fixture
+def gemm_attention(monkeypatch):
+    """Aligned attention by GEMM tiles, as on a machine where the fused kernel cannot be
+    built: the engine then gathers keys (and keeps the running batch dense)."""
+    from parity.model import fused
+
+    monkeypatch.setattr(fused, "_build", lambda: (None, "disabled for this test"))

@@ -8,14 +8,30 @@ import pytest
 def test_engine_bench_times_fp32_and_bf16_side_by_side():
     from parity.engine.bench import Case, run_case
 
-    r = run_case(Case("tiny 4 x 8 new", "tiny", batch=4, prompt_len=16, new_tokens=8, repeats=1),
+    r = run_case(Case("tiny 4 x 8 new", "tiny", batch=4, prompt_len=16, new_tokens=8, repeats=2),
                  bandwidth=1e10)
     b = r["bf16"]
+    assert r["rounds"] == 2
     assert b["weight_bytes"] * 2 == r["weight_bytes"]  # the bf16 bound streams half the bytes
     assert b["bandwidth_limit_tokens_per_s"] == pytest.approx(2 * r["bandwidth_limit_tokens_per_s"], rel=1e-3)
+    for into in (r, b):
+        a, s = into["aligned_tokens_per_s"], into["standard_tokens_per_s"]
+        assert len(a["rounds"]) == len(s["rounds"]) == 2 and min(a["rounds"]) > 0
+        rounds = [round(x / y, 3) for x, y in zip(a["rounds"], s["rounds"], strict=True)]
+        assert into["ratio"]["rounds"] == pytest.approx(rounds, abs=2e-3)
     for m in ("aligned", "standard"):
-        assert b[f"{m}_tokens_per_s"] > 0
-        assert b[f"{m}_over_fp32"] == pytest.approx(b[f"{m}_tokens_per_s"] / r[f"{m}_tokens_per_s"], rel=1e-2)
+        assert len(b[f"{m}_over_fp32"]["rounds"]) == 2
+
+
+def test_a_ratio_whose_rounds_disagree_is_no_result():
+    from parity.engine.bench import figure, ratio
+
+    assert ratio([100.0, 110.0, 90.0], [100.0, 100.0, 100.0]) == {
+        "value": None, "rounds": [1.0, 1.1, 0.9], "spread": 0.2}
+    assert ratio([100.0, 105.0, 95.0], [100.0, 100.0, 100.0]) == {
+        "value": 1.0, "rounds": [1.0, 1.05, 0.95], "spread": 0.1}
+    assert figure([287.0, 4951.0, 3621.0]) == {
+        "median": 3621.0, "rounds": [287.0, 4951.0, 3621.0], "spread": 1.288}
 
 
 def test_learner_bench_times_fp32_and_bf16_side_by_side():
@@ -48,8 +64,9 @@ def test_engine_bench_multi_turn_serves_each_turns_prefix_from_the_cache():
             assert e["prefilled_tokens"] == e["prompt_tokens"] - e["cached_tokens"]
             assert 0 < e["turn_ms_p50"] <= e["turn_ms_p90"] <= e["turn_ms_max"]
             assert e["episode_s"] * 1000 == pytest.approx(3 * e["turn_ms_mean"], rel=1e-2)
-        assert into["standard_over_aligned_latency"] == pytest.approx(
-            into["standard"]["turn_ms_mean"] / into["aligned"]["turn_ms_mean"], rel=1e-2)
+        ms = {m: into[m]["turn_ms_mean_rounds"] for m in ("aligned", "standard")}
+        assert into["standard_over_aligned_latency"]["rounds"] == pytest.approx(
+            [s / a for s, a in zip(ms["standard"], ms["aligned"], strict=True)], abs=2e-3)
 
 
 def test_vllm_runs_asked_for_eager_compiled_or_both():

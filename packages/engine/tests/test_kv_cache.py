@@ -1,5 +1,6 @@
-"""The running batch's dense K/V: decode writes new rows there instead of gathering every
-sequence's keys from the pool at every step, and reads exactly the bits a gather would."""
+"""How attention reads the pool. Without the fused kernel: the running batch's dense K/V,
+where decode writes new rows instead of gathering every sequence's keys from the pool at
+every step, reading exactly the bits a gather would. With it: the pool in place."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ def _run(model, prompts, params, dense_kv_mib: int):
     return eng, eng.generate(prompts, params)
 
 
-def test_decode_gathers_only_at_admission_and_when_it_outgrows_the_capacity(model):
+def test_decode_gathers_only_at_admission_and_when_it_outgrows_the_capacity(model,
+                                                                          gemm_attention):
     prompts = _prompts(8, 16, seed=1)
     params = [SamplingParams(max_new_tokens=120, seed=i) for i in range(8)]
     dense, outs = _run(model, prompts, params, dense_kv_mib=64)
@@ -34,7 +36,7 @@ def test_decode_gathers_only_at_admission_and_when_it_outgrows_the_capacity(mode
     assert torch.equal(torch.tensor(outs[3].logprobs, dtype=torch.float32), learner)
 
 
-def test_a_batch_that_changes_is_gathered_again(model):
+def test_a_batch_that_changes_is_gathered_again(model, gemm_attention):
     prompts = _prompts(3, 16, seed=2)
     params = [SamplingParams(max_new_tokens=n, seed=n) for n in (4, 8, 12)]
     dense, outs = _run(model, prompts, params, dense_kv_mib=64)
@@ -65,3 +67,14 @@ def test_claim_serves_rebuilds_or_declines(model):
     assert dense.claim([0, 1], [0, 0], 64) is True and dense.rebuilds == 6
     # a step that did not write its last layer leaves nothing to serve
     assert dense.claim([0, 1], [0, 0], 64) is True
+
+
+def test_the_fused_kernel_reads_the_pool_in_place(model):
+    prompts = _prompts(4, 70, seed=3)
+    params = [SamplingParams(max_new_tokens=70, seed=i) for i in range(4)]
+    eng, outs = _run(model, prompts, params, dense_kv_mib=64)
+    assert model.reads_paged and eng.runner.dense.rebuilds == 0
+    for i in range(4):
+        learner = token_logprobs(model, torch.tensor([prompts[i] + outs[i].token_ids]), 1.0)
+        assert torch.equal(torch.tensor(outs[i].logprobs, dtype=torch.float32),
+                           learner[0, 69:])

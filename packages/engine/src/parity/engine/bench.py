@@ -5,8 +5,11 @@ the long-context case, whose 8192-token prompts are prefilled once before the cl
 (the timed run finds them in the prefix cache): it measures decode against a long KV.
 
 Each case builds one random-weight model and a bf16 copy of it, then runs the same requests
-under each kernel mode and dtype in turn (best of `repeats` interleaved runs, after a warm-up),
-so the ratios compare like with like on the same machine at the same moment. Each case also reports the
+under each kernel mode and dtype (and on vLLM, whose servers start first) in turn, round after
+round, after a warm-up. A figure is the median of its rounds, shown with each round; a ratio is
+taken round by round, each pair measured in the same round, and one whose rounds disagree by
+more than UNSTEADY (15%) is reported as None: on a shared VM a single round is noise (one case
+once gave 287 and 4,951 tokens/s in one process). Each case also reports the
 memory-bandwidth bound batch x bandwidth / weight bytes (`parity.engine.bandwidth`), from a
 copy benchmark run in the same process, and the fraction of it each mode reached.
 
@@ -21,6 +24,7 @@ import copy
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -45,7 +49,7 @@ class Case:
     batch: int
     prompt_len: int
     new_tokens: int
-    repeats: int = 2
+    repeats: int = 3
     tie_word_embeddings: bool = False
     warm_prefix: bool = False  # prefill once untimed; the timed run hits the prefix cache
 
@@ -67,7 +71,7 @@ class MultiTurnCase:
     turns: int
     observation_len: int
     new_tokens: int
-    repeats: int = 1
+    repeats: int = 2
     tie_word_embeddings: bool = False
 
     def __post_init__(self) -> None:
@@ -91,9 +95,9 @@ class MultiTurnCase:
 CASES: tuple[Case, ...] = (
     Case("tiny batch 64 x 128 new", "tiny", batch=64, prompt_len=16, new_tokens=128),
     Case("tiny long context 8192 + 64 new", "tiny", batch=4, prompt_len=8192, new_tokens=64,
-         repeats=2, warm_prefix=True),
+         warm_prefix=True),
     Case("qwen2-0.5b batch 8 x 64 new", "qwen2-0.5b", batch=8, prompt_len=16, new_tokens=64,
-         repeats=2, tie_word_embeddings=True),
+         tie_word_embeddings=True),
 )
 """The default set."""
 
@@ -132,29 +136,58 @@ def _models(shape: str, tie_word_embeddings: bool) -> dict[str, Decoder]:
 
 
 T = TypeVar("T")
+UNSTEADY = 0.15
+"""A ratio whose rounds spread by more than this ((max - min) / median) is no result: it is
+reported as None with its rounds, never as a figure."""
 
 
-def _interleaved(models: dict[str, Decoder], config: EngineConfig, warm_prompt: list[int],
-                 repeats: int, measure: Callable[[Decoder, int], T],
-                 score: Callable[[T], float]) -> dict[tuple[str, str], T]:
-    """Per (dtype, mode), the highest-`score` of `repeats` results of `measure(model, repeat)`,
-    the runs of every (dtype, mode) interleaved in each repeat, after a warm-up generate of
-    `warm_prompt` in each (OpenMP threads, RoPE table, allocator); leaves the models aligned."""
-    runs = [(dtype, mode) for dtype in models for mode in MODES]
-    warm = [SamplingParams(max_new_tokens=2, seed=0)]
-    for dtype, mode in runs:
-        models[dtype].set_kernels(mode)
-        Engine(models[dtype], config).generate([warm_prompt], warm)
-    best: dict[tuple[str, str], T] = {}
+def _rounds(runs: dict[str, Callable[[int], T]], repeats: int) -> dict[str, list[T]]:
+    """Every run's result in each of `repeats` rounds (round r calls `run(r)`), the runs
+    interleaved within each round, so that a drift of the machine hits all of them alike."""
+    out: dict[str, list[T]] = {name: [] for name in runs}
     for r in range(repeats):
-        for dtype, mode in runs:
-            models[dtype].set_kernels(mode)
-            result = measure(models[dtype], r)
-            if (dtype, mode) not in best or score(result) > score(best[dtype, mode]):
-                best[dtype, mode] = result
-    for model in models.values():
-        model.set_kernels("aligned")
-    return best
+        for name, run in runs.items():
+            out[name].append(run(r))
+    return out
+
+
+def spread(values: Sequence[float]) -> float:
+    """(max - min) / median of a figure's rounds."""
+    return (max(values) - min(values)) / statistics.median(values)
+
+
+def figure(values: Sequence[float], digits: int = 1) -> dict:
+    """A figure over rounds: its median, each round, and their spread."""
+    return {"median": round(statistics.median(values), digits),
+            "rounds": [round(v, digits) for v in values], "spread": round(spread(values), 3)}
+
+
+def ratio(a: Sequence[float], b: Sequence[float]) -> dict:
+    """a ÷ b, round by round (each pair measured in the same round): the median of the round
+    ratios as `value`, or None when they spread by more than UNSTEADY."""
+    rs = [x / y for x, y in zip(a, b, strict=True)]
+    steady = spread(rs) <= UNSTEADY
+    return {"value": round(statistics.median(rs), 3) if steady else None,
+            "rounds": [round(r, 3) for r in rs], "spread": round(spread(rs), 3)}
+
+
+def _parity_runs(models: dict[str, Decoder], config: EngineConfig, warm_prompt: list[int],
+                 measure: Callable[[Decoder, int], T]) -> dict[str, Callable[[int], T]]:
+    """A round's measure per "dtype/mode" of parity's engine, each warmed up first with a
+    generate of `warm_prompt` (OpenMP threads, RoPE table, allocator)."""
+    warm = [SamplingParams(max_new_tokens=2, seed=0)]
+    runs: dict[str, Callable[[int], T]] = {}
+    for dtype, model in models.items():
+        for mode in MODES:
+            model.set_kernels(mode)
+            Engine(model, config).generate([warm_prompt], warm)
+
+            def run(r: int, model: Decoder = model, mode: str = mode) -> T:
+                model.set_kernels(mode)
+                return measure(model, r)
+
+            runs[f"{dtype}/{mode}"] = run
+    return runs
 
 
 def _tokens_per_s(model: Decoder, case: Case, prompts: list[list[int]], params: list[SamplingParams]) -> float:
@@ -168,48 +201,53 @@ def _tokens_per_s(model: Decoder, case: Case, prompts: list[list[int]], params: 
 
 
 def run_case(case: Case, bandwidth: float, vllm: bool = False, vllm_compiled: bool = False) -> dict:
-    """tokens/s per kernel mode, ratio = aligned / standard, and each mode's fraction of the
-    bound batch x `bandwidth` (bytes/s) / weight bytes, for one case in fp32; under "bf16" the
-    same for the model held in bf16 (its bound from bf16 weight bytes) and bf16 ÷ fp32 per
-    mode, all four runs interleaved per repeat; with `vllm` (eager) or `vllm_compiled` (vLLM's
-    torch.compile), vLLM's tokens/s on the same fp32 weights and requests too
-    (parity.engine.vllm.bench), under "vllm_..." and "vllm_compiled_..."."""
+    """tokens/s per kernel mode (the median of `case.repeats` rounds, with each round and their
+    spread), aligned ÷ standard round by round (`ratio`: None when its rounds disagree by more
+    than UNSTEADY), and each mode's fraction of the bound batch x `bandwidth` (bytes/s) ÷ weight
+    bytes, in fp32; under "bf16" the same for the model held in bf16 (its bound from bf16
+    weight bytes) and bf16 ÷ fp32 per mode. With `vllm` (eager, vLLM's own model and parity's
+    decoder in it) or `vllm_compiled`, vLLM's tokens/s on the same fp32 weights and requests
+    (parity.engine.vllm.bench), under "vllm_..."; its servers start first and every round
+    runs all of parity's and vLLM's runs in turn."""
     models = _models(case.shape, case.tie_word_embeddings)
     prompts, params = _requests(case, models["float32"].config.vocab_size)
-    best = _interleaved(models, case.engine_config(), prompts[0], case.repeats,
-                        lambda m, _: _tokens_per_s(m, case, prompts, params), score=float)
+    runs = _parity_runs(models, case.engine_config(), prompts[0],
+                        lambda m, _: _tokens_per_s(m, case, prompts, params))
+    with ExitStack() as servers:
+        for name in vllm_modes(vllm, vllm_compiled):
+            from parity.engine.vllm.bench import batch_server
+
+            _, compiled, aligned = VLLM_RUNS[name]
+            runs[name] = servers.enter_context(batch_server(
+                models["float32"], prompts, params, case.warm_prefix, compiled, aligned))
+        tps = _rounds(runs, case.repeats)
+    for model in models.values():
+        model.set_kernels("aligned")
     out: dict = {"case": case.name, "shape": case.shape, "batch": case.batch,
-                 "prompt_len": case.prompt_len, "new_tokens": case.new_tokens}
+                 "prompt_len": case.prompt_len, "new_tokens": case.new_tokens,
+                 "rounds": case.repeats}
     for dtype, model in models.items():
-        weight_bytes = streamed_weight_bytes(model)
-        limit = tokens_per_s_limit(case.batch, bandwidth, weight_bytes)
-        a, s = best[dtype, "aligned"], best[dtype, "standard"]
+        limit = tokens_per_s_limit(case.batch, bandwidth, streamed_weight_bytes(model))
+        a, s = tps[f"{dtype}/aligned"], tps[f"{dtype}/standard"]
         into = out if dtype == "float32" else out.setdefault("bf16", {})
         into.update({
-            "aligned_tokens_per_s": round(a, 1),
-            "standard_tokens_per_s": round(s, 1),
-            "ratio": round(a / s, 3),
-            "weight_bytes": weight_bytes,
+            "aligned_tokens_per_s": figure(a), "standard_tokens_per_s": figure(s),
+            "ratio": ratio(a, s), "weight_bytes": streamed_weight_bytes(model),
             "bandwidth_limit_tokens_per_s": round(limit, 1),
-            "aligned_fraction_of_limit": round(a / limit, 3),
-            "standard_fraction_of_limit": round(s / limit, 3),
+            "aligned_fraction_of_limit": round(statistics.median(a) / limit, 3),
+            "standard_fraction_of_limit": round(statistics.median(s) / limit, 3),
         })
         if dtype != "float32":
-            into.update({f"{m}_over_fp32": round(best[dtype, m] / best["float32", m], 3)
+            into.update({f"{m}_over_fp32": ratio(tps[f"{dtype}/{m}"], tps[f"float32/{m}"])
                          for m in MODES})
     for name in vllm_modes(vllm, vllm_compiled):
-        from parity.engine.vllm.bench import vllm_tokens_per_s
-
-        limit = out["bandwidth_limit_tokens_per_s"]
-        _, compiled, aligned = VLLM_RUNS[name]
-        tps = vllm_tokens_per_s(models["float32"], prompts, params, case.repeats, case.warm_prefix,
-                                compiled, aligned)
-        out.update({f"{name}_tokens_per_s": round(tps, 1),
-                    f"aligned_over_{name}": round(out["aligned_tokens_per_s"] / tps, 3),
-                    f"{name}_fraction_of_limit": round(tps / limit, 3)})
-    if "vllm_aligned_tokens_per_s" in out:  # > 1: parity's decoder in vLLM is the faster
-        out["vllm_aligned_over_vllm"] = round(
-            out["vllm_aligned_tokens_per_s"] / out["vllm_tokens_per_s"], 3)
+        v = tps[name]
+        out.update({f"{name}_tokens_per_s": figure(v),
+                    f"aligned_over_{name}": ratio(tps["float32/aligned"], v),
+                    f"{name}_fraction_of_limit": round(
+                        statistics.median(v) / out["bandwidth_limit_tokens_per_s"], 3)})
+    if "vllm_aligned" in tps:  # > 1: parity's decoder in vLLM is the faster
+        out["vllm_aligned_over_vllm"] = ratio(tps["vllm_aligned"], tps["vllm"])
     return out
 
 
@@ -279,38 +317,49 @@ def run_episodes(gen: RolloutBackend, observations: list[list[list[int]]],
 
 
 def run_multi_turn_case(case: MultiTurnCase, vllm: bool = False, vllm_compiled: bool = False) -> dict:
-    """Per kernel mode, the fastest of `repeats` runs of the case's episodes (repeat r's
-    observations drawn from seed r), as `Episodes.report`, and standard ÷ aligned mean turn
-    latency (> 1: aligned is faster), in fp32 and under "bf16" for the model held in bf16, all
-    four runs interleaved per repeat; with `vllm`, the same episodes on vLLM (prefix caching
-    on) with the fp32 weights, and vLLM ÷ aligned mean turn latency."""
+    """Per kernel mode, the median run (by its seconds) of `case.repeats` rounds of the case's
+    episodes (round r's observations drawn from seed r), as `Episodes.report`, with every
+    round's mean turn latency, and standard ÷ aligned mean turn latency round by round (> 1:
+    aligned is faster; None when its rounds disagree by more than UNSTEADY), in fp32 and under
+    "bf16" for the model held in bf16; with `vllm`, the same episodes on vLLM (prefix caching
+    on, its servers started first) with the fp32 weights, and vLLM ÷ aligned turn latency.
+    Every round runs all of them in turn."""
     models = _models(case.shape, case.tie_word_embeddings)
     vocab = models["float32"].config.vocab_size
     params = _params(case.episodes, case.new_tokens)
     warm_prompt = observations(case, vocab, seed=case.repeats)[0][0]  # no timed run draws it
-    best = _interleaved(
-        models, case.engine_config(), warm_prompt, case.repeats,
-        lambda m, r: run_episodes(Engine(m, case.engine_config()), observations(case, vocab, r), params),
-        score=lambda e: -e.seconds)
+    runs = _parity_runs(models, case.engine_config(), warm_prompt, lambda m, r: run_episodes(
+        Engine(m, case.engine_config()), observations(case, vocab, r), params))
+    with ExitStack() as servers:
+        for name in vllm_modes(vllm, vllm_compiled):
+            from parity.engine.vllm.bench import episodes_server
+
+            _, compiled, aligned = VLLM_RUNS[name]
+            runs[name] = servers.enter_context(episodes_server(
+                models["float32"], case, params, warm_prompt, compiled, aligned))
+        episodes = _rounds(runs, case.repeats)
+    for model in models.values():
+        model.set_kernels("aligned")
+    mean = {name: [e.report()["turn_ms_mean"] for e in runs_] for name, runs_ in episodes.items()}
+
+    def report(name: str) -> dict:
+        median = sorted(episodes[name], key=lambda e: e.seconds)[(len(episodes[name]) - 1) // 2]
+        return median.report() | {"turn_ms_mean_rounds": mean[name]}
+
     out: dict = {"case": case.name, "shape": case.shape, "episodes": case.episodes,
                  "turns": case.turns, "observation_len": case.observation_len,
-                 "new_tokens": case.new_tokens, "context_len": case.context_len}
+                 "new_tokens": case.new_tokens, "context_len": case.context_len,
+                 "rounds": case.repeats}
     for dtype in models:
         into = out if dtype == "float32" else out.setdefault("bf16", {})
-        into.update({m: best[dtype, m].report() for m in MODES})
-        into["standard_over_aligned_latency"] = round(
-            into["standard"]["turn_ms_mean"] / into["aligned"]["turn_ms_mean"], 3)
+        into.update({m: report(f"{dtype}/{m}") for m in MODES})
+        into["standard_over_aligned_latency"] = ratio(mean[f"{dtype}/standard"],
+                                                      mean[f"{dtype}/aligned"])
     for name in vllm_modes(vllm, vllm_compiled):
-        from parity.engine.vllm.bench import vllm_episodes
-
-        _, compiled, aligned = VLLM_RUNS[name]
-        out[name] = vllm_episodes(models["float32"], case, params, warm_prompt, compiled,
-                                  aligned).report()
-        out[f"{name}_over_aligned_latency"] = round(
-            out[name]["turn_ms_mean"] / out["aligned"]["turn_ms_mean"], 3)
-    if "vllm_aligned" in out:  # < 1: parity's decoder in vLLM answers a turn sooner
-        out["vllm_aligned_over_vllm_latency"] = round(
-            out["vllm_aligned"]["turn_ms_mean"] / out["vllm"]["turn_ms_mean"], 3)
+        out[name] = report(name)
+        out[f"{name}_over_aligned_latency"] = ratio(mean[name], mean["float32/aligned"])
+    if "vllm_aligned" in episodes:  # < 1: parity's decoder in vLLM answers a turn sooner
+        out["vllm_aligned_over_vllm_latency"] = ratio(mean["vllm_aligned"], mean["vllm"])
     return out
 
 

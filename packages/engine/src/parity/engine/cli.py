@@ -81,11 +81,25 @@ def render_audit(report: dict) -> None:
                + ("" if report["passed"] else " — not so"))
 
 
+def _ratio(r: dict) -> str:
+    """A bench ratio as text: its median over rounds and their range, or why it is none."""
+    lo, hi = min(r["rounds"]), max(r["rounds"])
+    if r["value"] is None:
+        return f"unsteady (rounds {lo:.3f}-{hi:.3f}, spread {r['spread']:.0%})"
+    return f"{r['value']:.3f} ({lo:.3f}-{hi:.3f})"
+
+
+def _figure(f: dict) -> str:
+    """A bench figure as text: its median over rounds and their range."""
+    return f"{f['median']:9.1f} ({min(f['rounds']):.0f}-{max(f['rounds']):.0f})"
+
+
 def _echo_episodes(label: str, e: dict) -> None:
     """One mode's line of the multi-turn case: per-turn latency, episode time, cache use."""
-    typer.echo(f"    {label:18s} turn ms mean {e['turn_ms_mean']:9.1f}  p50 {e['turn_ms_p50']:9.1f}  "
-               f"p90 {e['turn_ms_p90']:9.1f}  max {e['turn_ms_max']:9.1f}  episodes "
-               f"{e['episode_s']:7.2f} s  prompt tokens: {e['cached_tokens']} cached, "
+    rounds = ", ".join(f"{m:.0f}" for m in e["turn_ms_mean_rounds"])
+    typer.echo(f"    {label:18s} turn ms mean {e['turn_ms_mean']:9.1f} (rounds {rounds})  p50 "
+               f"{e['turn_ms_p50']:9.1f}  p90 {e['turn_ms_p90']:9.1f}  max {e['turn_ms_max']:9.1f}"
+               f"  episodes {e['episode_s']:7.2f} s  prompt tokens: {e['cached_tokens']} cached, "
                f"{e['prefilled_tokens']} prefilled")
 
 
@@ -101,11 +115,13 @@ def _echo_multi_turn(r: dict) -> None:
         for name, (label, *_) in VLLM_RUNS.items():
             if dtype == "fp32" and name in r:
                 _echo_episodes(f"{label} fp32", r[name])
-                typer.echo(f"    {label} ÷ aligned turn latency {r[f'{name}_over_aligned_latency']:.3f}")
+                typer.echo(f"    {label} ÷ aligned turn latency "
+                           f"{_ratio(r[f'{name}_over_aligned_latency'])}")
         if dtype == "fp32" and "vllm_aligned_over_vllm_latency" in r:
-            typer.echo(f"    vLLM+parity ÷ vLLM turn latency {r['vllm_aligned_over_vllm_latency']:.3f}")
+            typer.echo(f"    vLLM+parity ÷ vLLM turn latency "
+                       f"{_ratio(r['vllm_aligned_over_vllm_latency'])}")
         typer.echo(f"    standard ÷ aligned turn latency in {dtype} "
-                   f"{into['standard_over_aligned_latency']:.3f}")
+                   f"{_ratio(into['standard_over_aligned_latency'])}")
 
 
 def bench_engine(
@@ -140,21 +156,24 @@ def bench_engine(
         if "turns" in r:
             _echo_multi_turn(r)
             continue
-        typer.echo(f"  {r['case']:36s} aligned {r['aligned_tokens_per_s']:9.1f} tok/s  "
-                   f"standard {r['standard_tokens_per_s']:9.1f} tok/s  ratio {r['ratio']:.3f}  "
-                   f"bandwidth bound {r['bandwidth_limit_tokens_per_s']:9.1f} tok/s "
-                   f"(aligned {r['aligned_fraction_of_limit']:.0%})")
+        typer.echo(f"  {r['case']} ({r['rounds']} rounds; tok/s median (range))")
+        typer.echo(f"    fp32  aligned {_figure(r['aligned_tokens_per_s'])}  standard "
+                   f"{_figure(r['standard_tokens_per_s'])}  ratio {_ratio(r['ratio'])}  bound "
+                   f"{r['bandwidth_limit_tokens_per_s']:.0f} (aligned "
+                   f"{r['aligned_fraction_of_limit']:.0%})")
         for name, (label, *_) in VLLM_RUNS.items():
             if f"{name}_tokens_per_s" in r:
-                typer.echo(f"  {'':36s} {label:13s} {r[f'{name}_tokens_per_s']:9.1f} tok/s  aligned ÷ "
-                           f"{label} {r[f'aligned_over_{name}']:.3f}  ({label} "
+                typer.echo(f"    {label:13s} {_figure(r[f'{name}_tokens_per_s'])}  aligned ÷ "
+                           f"{label} {_ratio(r[f'aligned_over_{name}'])}  ({label} "
                            f"{r[f'{name}_fraction_of_limit']:.0%} of the bound)")
         if "vllm_aligned_over_vllm" in r:
-            typer.echo(f"  {'':36s} vLLM+parity ÷ vLLM {r['vllm_aligned_over_vllm']:.3f}")
+            typer.echo(f"    vLLM+parity ÷ vLLM {_ratio(r['vllm_aligned_over_vllm'])}")
         b = r["bf16"]
-        typer.echo(f"  {'  in bf16':36s} aligned {b['aligned_tokens_per_s']:9.1f} tok/s  "
-                   f"standard {b['standard_tokens_per_s']:9.1f} tok/s  ratio {b['ratio']:.3f}  "
-                   f"bf16 ÷ fp32: aligned {b['aligned_over_fp32']:.3f}, standard {b['standard_over_fp32']:.3f}")
+        typer.echo(f"    bf16  aligned {_figure(b['aligned_tokens_per_s'])}  standard "
+                   f"{_figure(b['standard_tokens_per_s'])}  ratio {_ratio(b['ratio'])}  bound "
+                   f"{b['bandwidth_limit_tokens_per_s']:.0f} (aligned "
+                   f"{b['aligned_fraction_of_limit']:.0%})  bf16 ÷ fp32: aligned "
+                   f"{_ratio(b['aligned_over_fp32'])}, standard {_ratio(b['standard_over_fp32'])}")
     s = report["bf16_support"]
     typer.echo(f"CPU bf16: AVX512-BF16 {s['avx512_bf16']}, AMX {s['amx_bf16']}, oneDNN bf16 {s['onednn_bf16']}")
     if (vllm or vllm_compiled) and not any(k.startswith("vllm") for r in report["cases"] for k in r):

@@ -8,6 +8,7 @@ from collections.abc import Hashable
 import torch
 
 from parity.model import ModelConfig, SeqLayout
+from parity.model.layout import PagedKeys
 
 
 class KVPool:
@@ -124,19 +125,24 @@ class PagedKV:
 
     def __init__(self, pool: KVPool, slots: torch.Tensor, slabs: torch.Tensor,
                  dense: DenseBatch | None = None, rows: torch.Tensor | None = None,
-                 rebuild: bool = False) -> None:
+                 rebuild: bool = False, table: torch.Tensor | None = None) -> None:
         self.pool, self.slots, self.slabs = pool, slots, slabs
         self.dense, self.rows, self.rebuild = dense, rows, rebuild
+        self.table = table
 
     @classmethod
     def build(cls, pool: KVPool, tables: list[list[int]] | torch.Tensor, layout: SeqLayout,
-              dense: DenseBatch | None = None, seq_ids: list[Hashable] | None = None
-              ) -> PagedKV:
+              dense: DenseBatch | None = None, seq_ids: list[Hashable] | None = None,
+              in_place: bool = False) -> PagedKV:
         """The store of one call (`tables`: each sequence's blocks, as lists or as the rows
-        of a tensor); with `dense` and the call's `seq_ids`, read from `dense` when it holds
-        these sequences or can be rebuilt for them (`DenseBatch.claim`)."""
+        of a tensor). `in_place` (`Decoder.reads_paged`): attention reads the pool through
+        the block table, nothing is gathered. Else, with `dense` and the call's `seq_ids`,
+        read from `dense` when it holds these sequences or can be rebuilt for them
+        (`DenseBatch.claim`), else from a gather."""
         bs, heads = pool.block_size, pool.heads
         length, rebuild = layout.max_kv_len, None
+        if in_place:
+            dense = None
         if dense is not None and seq_ids is not None:
             offsets = [kv - n for kv, n in zip(layout.kv_lens, layout.lengths, strict=True)]
             rebuild = dense.claim(seq_ids, offsets, length)
@@ -151,6 +157,8 @@ class PagedKV:
                 [t[:n_blocks] + [0] * (n_blocks - len(t)) for t in tables], dtype=torch.long
             )
         slots, slabs = block_indices(padded, layout, bs, len(heads), pool.stride)
+        if in_place:
+            return cls(pool, slots, slabs, table=padded.to(torch.int32))
         rows = None
         if dense is not None:
             rows = ((layout.seq_of_row[:, None] * len(heads) + heads[None, :]) * length
@@ -162,6 +170,15 @@ class PagedKV:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         s, n = len(layout.lengths), layout.max_kv_len
         hkv, bs, d = len(self.pool.heads), self.pool.block_size, self.pool.head_dim
+        if self.table is not None:  # write the new rows; attention reads the pool in place
+            keys = []
+            for (store, at_slot, at_slab), new in zip(self.pool.stores(layer), (k, v),
+                                                      strict=True):
+                slots = self.slots + at_slot if at_slot else self.slots
+                store.view(-1, d).index_copy_(0, slots, new.to(store.dtype).reshape(-1, d))
+                blocks = store.view(-1, hkv, self.pool.stride, bs, d)[:, :, at_slab]
+                keys.append(PagedKeys(blocks, self.table, n))
+            return keys[0], keys[1]
         held = self.dense.layer(layer, s * hkv * n * d) if self.dense is not None else (None, None)
         out = []
         for (store, at_slot, at_slab), new, buf in zip(self.pool.stores(layer), (k, v), held,

@@ -56,6 +56,6 @@ class ModelRunner:
         scores = layout.attention_scores(cfg.num_attention_heads, cfg.kv_heads)
         self.peak_attention_scores = max(self.peak_attention_scores, scores)
         kv = PagedKV.build(self.pool, [s.block_table for s in batch.seqs], layout, self.dense,
-                           [s.seq_id for s in batch.seqs])
+                           [s.seq_id for s in batch.seqs], in_place=self.model.reads_paged)
         with torch.no_grad():
             return self.model(torch.tensor(flat), layout, kv), layout

@@ -1,6 +1,8 @@
 """Attention, aligned and standard.
 
-Aligned: keys in tiles of KV_TILE from absolute position 0; per (piece, KV head) query matrices
+Aligned, where this machine builds it: the fused kernel of `parity.model.fused` (one query
+row at a time, online softmax over key tiles from position 0, in C). Elsewhere, GEMM tiles:
+keys in tiles of KV_TILE from absolute position 0; per (piece, KV head) query matrices
 whose rows are zero-padded to ROW_TILE for the score and P*V GEMMs (the softmax runs on the real
 rows only); the softmax max is exact in any order; per-tile sums reduce a fixed-size dimension;
 tiles combine by a pairwise tree that appended zero tiles cannot change, which is why tiles a
@@ -16,8 +18,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from parity.model import fused
 from parity.model.gemm import gemm
-from parity.model.layout import KV_TILE, Group, SeqLayout
+from parity.model.layout import KV_TILE, Group, PagedKeys, SeqLayout
 
 _EXP_FLOOR = -80.0  # e^-80 ~ 1.8e-35: a normal float, far below a sum's last bit
 
@@ -90,7 +93,16 @@ def _attention_aligned_fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: SeqLayout, scale: float,
     keep_lse: bool = False,
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """Output [N, Hq, D] and, if asked, each group's log-normaliser [g, Hkv, G*R] for backward."""
+    """Output [N, Hq, D] and, if asked, each group's log-normaliser [g, Hkv, G*R] for backward:
+    by the fused kernel where this machine builds it (`parity.model.fused`), else by GEMM tiles."""
+    if fused.serves(q, k, v):
+        out, lse = fused.attention(q, k, v, layout, scale)
+        if not keep_lse:
+            return out, []
+        hkv = k.shape[1]
+        g_heads = q.shape[1] // hkv
+        return out, [lse[grp.rows].unflatten(-1, (hkv, g_heads)).permute(0, 2, 3, 1).flatten(2)
+                     for grp in layout.groups(g_heads)]
     out = q.new_empty(q.shape)
     lses = []
     for grp in layout.groups(q.shape[1] // k.shape[1]):
@@ -155,6 +167,8 @@ def attention_standard(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: SeqLayout, scale: float
 ) -> torch.Tensor:
     """Padded per-group SDPA with a boolean causal mask: differentiable, any-kernel math."""
+    if isinstance(k, PagedKeys):
+        k, v = k.dense(), v.dense()
     hkv = k.shape[1]
     g_heads = q.shape[1] // hkv
     outs, rows = [], []
@@ -214,6 +228,10 @@ def _real_rows(grp: Group, g_heads: int) -> torch.Tensor:
 
 
 def attention_aligned(q, k, v, layout, scale):
+    if isinstance(k, PagedKeys):  # the engine's pool, read in place by the fused kernel
+        if fused.serves(q, k.pool, v.pool):
+            return fused.attention(q, k.pool, v.pool, layout, scale, k.table)[0]
+        k, v = k.dense().to(q.dtype), v.dense().to(q.dtype)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return _AlignedAttention.apply(q, k, v, layout, scale)
     return _attention_aligned_fwd(q, k, v, layout, scale)[0]

@@ -13,6 +13,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
+from parity.model import fused
 from parity.model.config import ModelConfig
 from parity.model.kernels import KernelMode, Kernels, get_kernels
 from parity.model.layout import SeqLayout
@@ -27,6 +28,8 @@ class KVStore(Protocol):
     RoPE), stores them (rounded to the store's dtype), and returns every sequence's keys
     and values from absolute position 0 as [S, Hkv, L, D] with L = layout.max_kv_len;
     positions at or past a sequence's kv_len must hold finite values (zeros are fine).
+    A paged store may instead return them as `PagedKeys`, left in its pool, when
+    `Decoder.reads_paged` says attention reads them in place.
     """
 
     def update(
@@ -139,6 +142,12 @@ class Decoder(nn.Module):
         if kernels.mode == "aligned":
             require_alignment(self.config)
         self.kernels: Kernels = kernels
+
+    @property
+    def reads_paged(self) -> bool:
+        """Whether attention reads a paged KV pool in place (`PagedKeys`): aligned kernels
+        served by the fused kernel. Otherwise stores hand it dense keys."""
+        return self.kernels.mode == "aligned" and fused.available()
 
     @property
     def lm_head_weight(self) -> torch.Tensor:

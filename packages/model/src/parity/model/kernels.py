@@ -35,13 +35,19 @@ as Hugging Face's does).
 Backward passes need only be correct: aligned ops compute their gradients with ordinary
 multi-threaded torch ops (attention with torch's flash-attention backward, from the output
 and log-normaliser its forward kept).
+
+On CUDA, aligned ops hand their tensors to parity's Triton kernel set (`parity.model.gpu`,
+docs/gpu.md), invariant by construction: each op looks at its first tensor's device, so CPU
+tensors keep the CPU path above, bit for bit. Where that set cannot serve (no capable device,
+a Triton that cannot compile it) aligned mode is refused with an `AlignmentError` naming the
+cause; standard ops run anywhere torch does.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -57,6 +63,12 @@ from parity.model.rowwise import (
 
 KernelMode = Literal["aligned", "standard"]
 KERNEL_MODES: tuple[KernelMode, ...] = ("aligned", "standard")
+Op = TypeVar("Op", bound=Callable[..., object])
+
+
+def _log_softmax(logits: torch.Tensor) -> torch.Tensor:
+    # A per-row reduction over a fixed-size last dimension: row-invariant as it is on CPU.
+    return torch.log_softmax(logits.float(), dim=-1)
 
 
 @dataclass(frozen=True)
@@ -78,11 +90,7 @@ class Kernels:
     rms_norm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
     silu_mul: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     attention: Callable[..., torch.Tensor]
-
-    @staticmethod
-    def log_softmax(logits: torch.Tensor) -> torch.Tensor:
-        # A per-row reduction over a fixed-size last dimension: row-invariant as it is.
-        return torch.log_softmax(logits.float(), dim=-1)
+    log_softmax: Callable[[torch.Tensor], torch.Tensor] = _log_softmax
 
 
 def _in_fp32(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
@@ -107,14 +115,42 @@ def _linears_standard(x: torch.Tensor, parts: Sequence[Part]) -> list[torch.Tens
     return [_linear_standard(x, w, b) for w, b in parts]
 
 
-ALIGNED = Kernels("aligned", linear_aligned, linears_aligned, _in_fp32(rms_norm_aligned),
-                  _in_fp32(silu_mul_aligned), _in_fp32(attention_aligned))
+def _gpu(device: torch.device | str) -> Kernels:
+    """The Triton kernel set for a CUDA device, or AlignmentError naming why it cannot serve."""
+    from parity.model.gpu.device import kernels_for
+
+    return kernels_for(device)
+
+
+def _by_device(cpu: Op, name: str) -> Op:
+    """`cpu` for CPU tensors; for CUDA tensors (the first argument's device), the Triton set's
+    op of the same name."""
+
+    def op(x: torch.Tensor, *args: object) -> object:
+        if x.is_cuda:
+            return getattr(_gpu(x.device), name)(x, *args)
+        return cpu(x, *args)
+
+    return op  # type: ignore[return-value]
+
+
+ALIGNED = Kernels("aligned", _by_device(linear_aligned, "linear"),
+                  _by_device(linears_aligned, "linears"),
+                  _by_device(_in_fp32(rms_norm_aligned), "rms_norm"),
+                  _by_device(_in_fp32(silu_mul_aligned), "silu_mul"),
+                  _by_device(_in_fp32(attention_aligned), "attention"),
+                  _by_device(_log_softmax, "log_softmax"))
 STANDARD = Kernels("standard", _linear_standard, _linears_standard, rms_norm_standard,
                    silu_mul_standard, attention_standard)
 
 
-def get_kernels(mode: KernelMode | str) -> Kernels:
+def get_kernels(mode: KernelMode | str, device: torch.device | str | None = None) -> Kernels:
+    """The kernels of `mode`. Aligned ops serve CPU and CUDA tensors alike (see above); with
+    a CUDA `device`, whether the Triton set can serve there is checked first, and aligned
+    mode is refused with an AlignmentError naming the cause if it cannot."""
     if mode == "aligned":
+        if device is not None and torch.device(device).type == "cuda":
+            _gpu(device)
         return ALIGNED
     if mode == "standard":
         return STANDARD

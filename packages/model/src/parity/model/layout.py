@@ -122,6 +122,28 @@ class SeqLayout:
         return out
 
 
+@dataclass(frozen=True)
+class PagedKeys:
+    """One layer's keys (or values) for a call, left in a paged pool for attention to read in
+    place: `pool` [blocks, Hkv, block_size, D] (D contiguous, other strides free), `table`
+    [S, blocks] int32, each sequence's blocks in order (entries past its keys are not read
+    by the fused kernel; they must name a block of finite values for `dense`), `length` the
+    call's L (`SeqLayout.max_kv_len`)."""
+
+    pool: torch.Tensor
+    table: torch.Tensor
+    length: int
+
+    def dense(self) -> torch.Tensor:
+        """The same keys gathered as [S, Hkv, L, D], for the kernels that read them so."""
+        _, hkv, bs, d = self.pool.shape
+        n = -(-self.length // bs)
+        table = self.table[:, :n].long()
+        table = torch.nn.functional.pad(table, (0, n - table.shape[1]))
+        keys = self.pool[table].transpose(1, 2).reshape(table.shape[0], hkv, n * bs, d)
+        return keys[:, :, : self.length]
+
+
 def _pieces(n: int, kv: int) -> list[tuple[int, int, int]]:
     """(first row, rows, keys its last row sees) of each piece of a sequence's n new rows
     that end at kv keys: cut every QUERY_CHUNK rows from the first."""

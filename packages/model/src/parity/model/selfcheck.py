@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from parity.model import blas
+from parity.model import blas, fused
 from parity.model.config import ModelConfig
 from parity.model.gemm import ROW_TILE
 from parity.model.kernels import ALIGNED, Kernels
@@ -112,16 +112,18 @@ def machine() -> dict:
         info = {"cpu": fields.get("model name", platform.machine()),
                 "vendor": fields.get("vendor_id", ""), "isa": [f for f in wanted if f in flags]}
     return {**info, "torch": torch.__version__, "torch_git": (torch.version.git_version or "")[:12],
-            "torch_capability": torch.backends.cpu.get_cpu_capability(), **blas.describe()}
+            "torch_capability": torch.backends.cpu.get_cpu_capability(), **blas.describe(),
+            "attention": fused.describe()}
 
 
 def _kernel_source() -> str:
     """A hash of the code whose arithmetic is proved: a change to it voids cached verdicts."""
-    from parity.model import attention, blas, gemm, kernels, layout, rowwise
+    from parity.model import attention, blas, fused, gemm, kernels, layout, rowwise
 
     h = hashlib.sha256()
-    for module in (attention, blas, gemm, kernels, layout, rowwise):
+    for module in (attention, blas, fused, gemm, kernels, layout, rowwise):
         h.update(Path(module.__file__).read_bytes())
+    h.update(fused.SOURCE.read_bytes())
     h.update(Path(__file__).read_bytes())
     return h.hexdigest()[:16]
 
@@ -328,9 +330,7 @@ def _run(s: Shapes, kernels: Kernels, threads: list[int]) -> tuple[str | None, i
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("PARITY_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "parity")
-    return Path(root) / "selfcheck"
+    return fused.cache_root() / "selfcheck"
 
 
 _VERDICTS: dict[str, Verdict] = {}
@@ -397,8 +397,13 @@ def probe(cfg: ModelConfig | Shapes) -> dict:
             "proof_ok": proof.ok, "proof_failure": proof.failure, "fingerprint": fingerprint(cfg)}
 
 
-def require_alignment(cfg: ModelConfig) -> Verdict:
-    """The proof for `cfg`'s shapes, or AlignmentError. Called before aligned kernels serve."""
+def require_alignment(cfg: ModelConfig, device: torch.device | str | None = None) -> Verdict:
+    """The proof for `cfg`'s shapes, or AlignmentError. Called before aligned kernels serve;
+    on a CUDA `device`, the GPU kernel set's proof there (`parity.model.gpu.selfcheck`)."""
+    if device is not None and torch.device(device).type == "cuda":
+        from parity.model.gpu.selfcheck import require_device_alignment
+
+        return require_device_alignment(cfg, torch.device(device))
     blas.configure()  # strict CNR, if MKL has not run yet in this process (parity.model.blas)
     verdict = verify(cfg)
     if not verdict.ok:

@@ -140,7 +140,8 @@ class ParityForCausalLM(Decoder):
             self.pool = VllmCache(caches)
             self.dense = DenseBatch(self.pool, DENSE_KV_BYTES)
         ids = self.request_ids()[: len(layout.lengths)] if self.request_ids else None
-        return PagedKV.build(self.pool, block_table, layout, self.dense if ids else None, ids)
+        return PagedKV.build(self.pool, block_table, layout, self.dense if ids else None, ids,
+                             in_place=self.reads_paged)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """The learner's logits (`Decoder.logits`); vLLM's sampler then takes

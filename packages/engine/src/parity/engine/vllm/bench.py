@@ -1,13 +1,14 @@
 """vLLM's side of `parity bench engine`: the same model, requests and thread count as the
 parity engine's cases, timed the same way (generated tokens / wall time of the batch, or the
-wall time of each turn of the multi-turn case's episodes)."""
+wall time of each turn of the multi-turn case's episodes). A case opens its servers first and
+keeps them for all its rounds, which interleave with parity's."""
 
 from __future__ import annotations
 
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 
 import torch
 
@@ -19,8 +20,8 @@ from parity.model import Decoder, save_model
 
 
 @contextmanager
-def _serving(model: Decoder, longest: int, seqs: int, compiled: bool = False,
-             aligned: bool = False) -> Iterator[VllmBackend]:
+def serving(model: Decoder, longest: int, seqs: int, compiled: bool = False,
+            aligned: bool = False) -> Iterator[VllmBackend]:
     """A vLLM server on `model`'s weights (eager, or with vLLM's torch.compile if `compiled`;
     parity's decoder in it if `aligned`; on as many cores as torch has threads, prefix caching
     on), with KV room for `seqs` sequences of `longest` tokens."""
@@ -38,38 +39,46 @@ def _serving(model: Decoder, longest: int, seqs: int, compiled: bool = False,
             backend.close()
 
 
-def vllm_tokens_per_s(model: Decoder, prompts: Sequence[list[int]],
-                      params: Sequence[SamplingParams], repeats: int = 2,
-                      warm_prefix: bool = False, compiled: bool = False,
-                      aligned: bool = False) -> float:
-    """Best of `repeats` timed batches on a vLLM server serving `model`'s weights (eager, or
-    compiled), after an untimed warm-up batch; `warm_prefix` prefills the prompts untimed
-    first, so the timed run finds them in the prefix cache."""
+def batch_server(model: Decoder, prompts: Sequence[list[int]], params: Sequence[SamplingParams],
+                 warm_prefix: bool, compiled: bool, aligned: bool
+                 ) -> AbstractContextManager[Callable[[int], float]]:
+    """A server for a throughput case, warmed up (one untimed request, or, with `warm_prefix`,
+    every prompt prefilled untimed so that timed runs find them in the prefix cache); yields a
+    round's measure: tokens/s of one timed batch of the requests."""
     longest = max(len(p) for p in prompts) + max(p.max_new_tokens for p in params)
-    with _serving(model, longest, len(prompts), compiled, aligned) as backend:
-        one = [p.model_copy(update={"max_new_tokens": 1}) for p in params]
-        backend.generate(prompts if warm_prefix else prompts[:1], one if warm_prefix else one[:1])
-        best = 0.0
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            outs = backend.generate(prompts, params)
-            dt = time.perf_counter() - t0
-            best = max(best, sum(len(c.token_ids) for c in outs) / dt)
-        return best
+
+    @contextmanager
+    def run() -> Iterator[Callable[[int], float]]:
+        with serving(model, longest, len(prompts), compiled, aligned) as backend:
+            one = [p.model_copy(update={"max_new_tokens": 1}) for p in params]
+            backend.generate(prompts if warm_prefix else prompts[:1],
+                             one if warm_prefix else one[:1])
+
+            def measure(_: int) -> float:
+                t0 = time.perf_counter()
+                outs = backend.generate(prompts, params)
+                return sum(len(c.token_ids) for c in outs) / (time.perf_counter() - t0)
+
+            yield measure
+
+    return run()
 
 
-def vllm_episodes(model: Decoder, case: MultiTurnCase, params: Sequence[SamplingParams],
-                  warm_prompt: list[int], compiled: bool = False, aligned: bool = False
-                  ) -> Episodes:
-    """The fastest of `case.repeats` runs of the case's episodes on one vLLM server serving
-    `model`'s weights (eager, or compiled; repeat r's observations drawn from seed r, as on
-    parity's side, so no run finds another's turns in the cache), after an untimed warm-up request of `warm_prompt`.
-    The requests go unseeded: vLLM 0.32's CPU build dies on a seeded request whose prompt it
-    prefills in chunks (rewinding a CPU generator's offset: "CPU Generator does not use offset")."""
+def episodes_server(model: Decoder, case: MultiTurnCase, params: Sequence[SamplingParams],
+                    warm_prompt: list[int], compiled: bool, aligned: bool
+                    ) -> AbstractContextManager[Callable[[int], Episodes]]:
+    """A server for a multi-turn case, warmed up with `warm_prompt`; yields a round's measure:
+    round r runs the case's episodes with observations drawn from seed r, as on parity's side,
+    so no round finds another's turns in the cache. The requests go unseeded: vLLM 0.32's CPU
+    build dies on a seeded request whose prompt it prefills in chunks (rewinding a CPU
+    generator's offset: "CPU Generator does not use offset")."""
     unseeded = [p.model_copy(update={"seed": None}) for p in params]
-    with _serving(model, case.context_len, case.episodes, compiled, aligned) as backend:
-        backend.generate([warm_prompt], [SamplingParams(max_new_tokens=2)])
-        vocab = model.config.vocab_size
-        runs = [run_episodes(backend, observations(case, vocab, r), unseeded)
-                for r in range(case.repeats)]
-        return min(runs, key=lambda e: e.seconds)
+
+    @contextmanager
+    def run() -> Iterator[Callable[[int], Episodes]]:
+        with serving(model, case.context_len, case.episodes, compiled, aligned) as backend:
+            backend.generate([warm_prompt], [SamplingParams(max_new_tokens=2)])
+            vocab = model.config.vocab_size
+            yield lambda r: run_episodes(backend, observations(case, vocab, r), unseeded)
+
+    return run()

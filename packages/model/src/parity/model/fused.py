@@ -1,0 +1,184 @@
+"""The fused aligned attention kernel (`csrc/attention.c`): built on this machine, called here.
+
+Why C built at first use, and not Numba or torch ops: aligned attention needs one arithmetic
+order per query row (scores, online softmax and P*V over key tiles from position 0) at GEMM
+speed. Numba reached 22 GFLOP/s here on it (its loops keep the score accumulators in memory,
+and a reduction it may not reorder does not vectorise); the C kernel, GCC vector extensions
+with four query vectors sharing each key load, reaches 100+ GFLOP/s on 2 cores and never
+materialises scores. It needs a C compiler (`$CC`, else `cc` or `gcc`), built once per
+machine into the cache (`$PARITY_CACHE_DIR`, default `~/.cache/parity`), keyed by the source,
+the compiler's version and the CPU's flags. Where no compiler works, `available()` is False
+and attention falls back to the GEMM-tile path (`parity.model.attention`), which the start-up
+proof covers the same way; two processes of one job compare the bits they compute
+(`selfcheck.fingerprint`), so a worker on a machine without a compiler is refused, never
+silently different. `PARITY_FUSED_ATTENTION=0` selects the fallback.
+
+Threads: the call's units (sequence, KV head, up to UNIT_ROWS query rows) are split into
+contiguous runs of about equal work, one per torch thread, run on OpenMP's threads. The
+library is linked against `libgomp.so.1`, which the dynamic loader resolves to the copy torch
+has already loaded: one thread pool for torch's ops and this kernel (threads of a second
+pool would spin against torch's between ops). A row's bits do not depend on the split.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from parity.model.layout import KV_TILE, SeqLayout
+
+SOURCE = Path(__file__).parent / "csrc" / "attention.c"
+FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fno-fast-math", "-fopenmp", "-fPIC",
+         "-shared")
+UNIT_ROWS = 32  # query rows per unit: their state (max, sum, output row per head) stays in cache
+HEAD_DIMS = range(16, 257, 16)  # the head dims the kernel serves
+
+
+def cache_root() -> Path:
+    """Where parity keeps what it builds or proves per machine: `$PARITY_CACHE_DIR`, else
+    `$XDG_CACHE_HOME/parity`, else `~/.cache/parity`."""
+    root = os.environ.get("PARITY_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "parity")
+    return Path(root)
+
+
+def _compiler() -> str | None:
+    for name in (os.environ.get("CC"), "cc", "gcc"):
+        if name and shutil.which(name):
+            return name
+    return None
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return ""
+
+
+@functools.cache
+def _build() -> tuple[ctypes.CDLL | None, str]:
+    """The loaded kernel library and its identity, or (None, why not)."""
+    if os.environ.get("PARITY_FUSED_ATTENTION", "1") == "0":
+        return None, "disabled by PARITY_FUSED_ATTENTION=0"
+    cc = _compiler()
+    if cc is None:
+        return None, "no C compiler (set CC, or install gcc)"
+    try:
+        version = subprocess.run([cc, "--version"], capture_output=True, text=True,
+                                 timeout=30).stdout.splitlines()[0]
+    except (OSError, subprocess.SubprocessError, IndexError) as err:
+        return None, f"{cc} --version failed: {err}"
+    key = hashlib.sha256("\n".join([SOURCE.read_text(), version, " ".join(FLAGS),
+                                    _cpu_flags()]).encode()).hexdigest()[:16]
+    lib = cache_root() / "kernels" / f"attention-{key}.so"
+    if not lib.exists():
+        lib.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=lib.parent) as tmp:
+            out = Path(tmp) / lib.name
+            try:
+                run = subprocess.run([cc, *FLAGS, "-o", str(out), str(SOURCE), "-lm"],
+                                     capture_output=True, text=True, timeout=300)
+            except (OSError, subprocess.SubprocessError) as err:
+                return None, f"{cc} failed: {err}"
+            if run.returncode != 0:
+                return None, f"{cc} could not build {SOURCE.name}: {run.stderr.strip()[-300:]}"
+            out.replace(lib)  # atomic: concurrent builders each install a whole file
+    try:
+        dll = ctypes.CDLL(str(lib))
+    except OSError as err:
+        return None, f"cannot load {lib}: {err}"
+    fn = dll.parity_attend
+    p, i = ctypes.c_void_p, ctypes.c_int64
+    fn.argtypes = [p, p, p, ctypes.c_int, i, i, i, p, i, i, p, p, i, i, i, i, ctypes.c_float,
+                   p, p]
+    fn.restype = ctypes.c_int
+    return dll, f"{lib.name} ({version})"
+
+
+def available() -> bool:
+    return _build()[0] is not None
+
+
+def serves(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether `attention` takes these operands (fp32 queries; fp32 or bf16 keys and values
+    with the same strides, D contiguous; a head dim in HEAD_DIMS) and the kernel is built."""
+    return (q.dtype == torch.float32 and q.shape[-1] in HEAD_DIMS and k.stride(-1) == 1
+            and k.dtype in (torch.float32, torch.bfloat16) and v.dtype == k.dtype
+            and v.stride() == k.stride() and not q.is_cuda and available())
+
+
+def describe() -> str:
+    """What serves aligned attention in this process: the kernel library, or why not."""
+    dll, what = _build()
+    return f"fused: {what}" if dll is not None else f"GEMM tiles ({what})"
+
+
+def units(layout: SeqLayout, kv_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The call's work units [U, 5] (sequence, KV head, first row, rows, first row's position)
+    and their cumulative cost (row-key pairs) [U]: computed once per layout, for all layers."""
+    cache = layout.__dict__.setdefault("_fused_units", {})
+    if kv_heads not in cache:
+        rows = []
+        for s, (start, n, kv) in enumerate(
+                zip(layout.starts, layout.lengths, layout.kv_lens, strict=True)):
+            first = kv - n
+            for h in range(kv_heads):
+                rows += [(s, h, start + a, min(UNIT_ROWS, n - a), first + a)
+                         for a in range(0, n, UNIT_ROWS)]
+        table = torch.tensor(rows, dtype=torch.int64).reshape(-1, 5)
+        cost = (table[:, 3] * (table[:, 4] + table[:, 3] + KV_TILE)).cumsum(0)
+        cache[kv_heads] = (table, cost)
+    return cache[kv_heads]
+
+
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: SeqLayout, scale: float,
+    table: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Aligned attention: output [N, Hq, D] fp32 and log-normaliser [N, Hq].
+
+    q [N, Hq, D] fp32. k, v: each sequence's keys from position 0, either dense [S, Hkv, L, D]
+    (table None), or a paged pool [blocks, Hkv, block_size, D] read in place through
+    `table` [S, max_blocks] (each sequence's blocks). fp32 or bf16 (read as the fp32 values
+    they are), D contiguous; other strides are free.
+    """
+    dll, why = _build()
+    if dll is None:
+        raise RuntimeError(f"the fused attention kernel is not available: {why}")
+    n, hq, d = q.shape
+    hkv = k.shape[1]
+    if not serves(q, k, v):
+        raise ValueError(f"fused attention: unsupported queries {q.dtype} {tuple(q.shape)}, keys "
+                         f"{k.dtype} strides {k.stride()}, values {v.dtype} {v.stride()}")
+    block_size = k.shape[2]
+    if table is None:
+        table = torch.arange(k.shape[0], dtype=torch.int32)[:, None]
+    q = q.contiguous()
+    table = table.to(torch.int32).contiguous()
+    out = torch.empty(n, hq, d)
+    lse = torch.empty(n, hq)
+    work, cost = units(layout, hkv)
+    threads = max(1, min(torch.get_num_threads(), len(work)))
+    total = int(cost[-1]) if len(work) else 0
+    cuts = torch.tensor([0, *(int(torch.searchsorted(cost, total * t // threads))
+                              for t in range(1, threads)), len(work)], dtype=torch.int64)
+    code = dll.parity_attend(q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                             int(k.dtype == torch.bfloat16), k.stride(0), k.stride(1),
+                             k.stride(2), table.data_ptr(), table.stride(0), block_size,
+                             work.data_ptr(), cuts.data_ptr(), threads, hq, hkv, d, scale,
+                             out.data_ptr(), lse.data_ptr())
+    if code:
+        raise MemoryError("fused attention: out of memory for its tile buffers")
+    return out, lse
