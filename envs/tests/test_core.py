@@ -150,6 +150,7 @@ def test_timeout_truncates() -> None:
     env.reset(seed=0)
     _, _, terminated, truncated, info = env.step("x")
     assert (terminated, truncated, info["finish_reason"]) == (False, True, "timeout")
+    assert env.episode.failure == "timeout"  # a stall, not the agent's doing
 
 
 def test_env_failure_ends_episode_not_process() -> None:
@@ -160,7 +161,24 @@ def test_env_failure_ends_episode_not_process() -> None:
     env.reset(seed=0)
     _, reward, terminated, truncated, info = env.step("x")
     assert (reward, terminated, truncated, info["finish_reason"]) == (0.0, False, True, "env_error")
-    assert info["metrics"] == {"env_errors": 1}
+    assert env.episode.failure == "env_error"
+
+
+def test_a_failed_turn_ends_the_episode_failed_and_unscored() -> None:
+    """`Response.failure`: the env's own resources failed; the episode is truncated, marked
+    with the kind, and its rubric is not run (its reward would not be the agent's)."""
+    scored = []
+
+    async def lost(text):
+        return Response(done=True, reason="sandbox_error: gone", failure="sandbox",
+                        metrics={"tool_calls": 1})
+
+    env = EchoEnv(respond_fn=lost, criteria=[Criterion(lambda ep: scored.append(1) or 1.0)])
+    env.reset(seed=0)
+    _, reward, terminated, truncated, info = env.step("x")
+    assert (reward, terminated, truncated) == (0.0, False, True)
+    assert (info["finish_reason"], env.episode.failure) == ("sandbox_error: gone", "sandbox")
+    assert (scored, info["reward_components"], info["metrics"]) == ([], {}, {"tool_calls": 1})
 
 
 def test_rubric_weights_and_crashing_reward() -> None:
@@ -181,6 +199,11 @@ def test_rubric_weights_and_crashing_reward() -> None:
     assert reward == 1.0
     assert info["reward_components"] == {"half": 0.5, "crash": 0.0, "nan": 0.0, "logged": 7.0}
     assert info["reward_errors"] == 2
+    assert env.episode.failure == "reward_error"  # a counted criterion broke: R is wrong
+    logged_only = EchoEnv(criteria=[Criterion(half, 1.0, "half"), Criterion(crash, 0.0, "crash")])
+    logged_only.reset(seed=0)
+    _, reward, _, _, info = logged_only.step("anything")
+    assert (reward, info["reward_errors"], logged_only.episode.failure) == (0.5, 1, None)
     with pytest.raises(ValueError, match="duplicate reward names"):
         Rubric([Criterion(half), Criterion(half)])
 

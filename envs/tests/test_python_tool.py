@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import threading
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from parity.core.types import Completion
+from parity.envs.preflight import oracle_episode
 from parity.envs.python_tool import KINDS, PythonToolEnv, generate_task
 from parity.envs.runner import oracle_generate, run_episode
+from parity.sandboxes import SandboxError
 
 MUL = {"question": "Q: 5831*47=?", "answer": "274057", "code": "5831*47"}
 
@@ -94,17 +102,65 @@ def test_persistent_session_keeps_state() -> None:
     env.close()
 
 
-def test_sandbox_dying_mid_episode_is_reported_and_replaced(env) -> None:
+def _kill_helper(sandbox) -> None:
+    """SIGKILL a local sandbox's helper, PID 1 inside it (bubblewrap's only child), from
+    outside: as the OOM killer, a lost node or a reaped container would end it."""
+    pid = sandbox._proc.pid
+    helper = int(Path(f"/proc/{pid}/task/{pid}/children").read_text().split()[0])
+    os.kill(helper, signal.SIGKILL)
+
+
+def test_a_sandbox_killed_during_a_step_fails_the_episode_not_the_agent() -> None:
+    """The model's second call is running when its real bubblewrap sandbox dies: the episode
+    comes back failed ("sandbox"), not scored 0 as if the model had answered wrong; the
+    env's next episode gets a new sandbox and is scored as usual."""
+    env = PythonToolEnv(kinds=("mul",))
+    tok = env.tokenizer
+    turns = iter(["<py>print(1)</py>", "<py>import time; time.sleep(30)</py>", "<ans>0</ans>"])
+
+    async def generate(prompt, sampling):
+        text = next(turns)
+        if "sleep" in text:  # dies half a second into the call
+            threading.Timer(0.5, _kill_helper, [env._sandbox]).start()
+        ids = [*tok.encode(text), tok.eos_token_id]
+        return Completion(ids, [-0.5] * len(ids), [0] * len(ids), "stop")
+
+    t0 = time.monotonic()
+    traj = asyncio.run(run_episode(env, generate, seed=0))
+    assert time.monotonic() - t0 < 8  # the call ended with its sandbox, not at its 10 s limit
+    assert (traj.failure, traj.num_turns, traj.reward) == ("sandbox", 2, 0.0)
+    assert traj.finish_reason.startswith("sandbox_error: SandboxError: local sandbox failed")
+    assert traj.reward_components == {}  # not scored
+    assert env._sandbox is None  # released; the next call opens a new one
+    again = asyncio.run(run_episode(env, oracle_generate(env), seed=1))
+    env.close()
+    assert (again.failure, again.reward) == (None, 1.0)
+
+
+def test_a_sandbox_that_cannot_start_fails_the_oracle_episode_saying_why() -> None:
+    def no_sandbox():
+        raise SandboxError("the local backend needs a working bubblewrap")
+
+    env = PythonToolEnv(sandbox_factory=no_sandbox)
+    report = oracle_episode(env, 0, "parity/PythonTool-v0")
+    env.close()
+    assert (report.ok, report.failure, report.turns) == (False, "sandbox", 1)
+    assert report.problem() == (
+        "env parity/PythonTool-v0 cannot run here: its oracle episode failed (sandbox): "
+        "sandbox_error: SandboxError: the local backend needs a working bubblewrap")
+
+
+def test_a_call_the_sandbox_refuses_is_the_models_error(env) -> None:
+    """Code the sandbox cannot take (a NUL byte: no command line carries one) is bad input
+    from the model: shown to it like any tool error, not a failure of the sandbox."""
     env.reset(options={"task": MUL})
-    env.step("<py>print(1)</py>")
-    env._sandbox.close()  # the sandbox goes away under the env
-    obs, _reward, terminated, truncated, _ = env.step("<py>print(2)</py>")
-    assert obs["messages"][0]["content"].startswith("error: sandbox failed:")
-    assert (terminated, truncated) == (False, False)
-    obs, *_ = env.step("<py>print(3)</py>")
-    assert obs["messages"][0]["content"] == "3\n"
-    _, _, _, _, info = env.step("<ans>274057</ans>")
-    assert info["metrics"] == {"tool_calls": 3, "sandbox_errors": 1}
+    obs, _, terminated, truncated, _ = env.step("<py>print('\x00')</py>")
+    assert obs["messages"][0]["content"] == (
+        "error: argv[2] contains a NUL byte, which no command line can carry")
+    assert (terminated, truncated, env.episode.failure) == (False, False, None)
+    _, reward, _, _, info = env.step("<ans>274057</ans>")
+    assert (reward, info["metrics"], env.episode.failure) == (
+        1.0, {"tool_calls": 1, "rejected_calls": 1}, None)
 
 
 def test_code_killing_its_parent_does_not_crash_the_env() -> None:

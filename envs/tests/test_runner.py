@@ -45,6 +45,7 @@ def test_trajectory_is_prompt_model_and_observation_tokens() -> None:
     assert traj.logprobs == [0.0] * len(prompt) + [-0.5] * len(turn1) + [0.0] * len(delta) + [-1.0] * len(turn2)
     assert traj.versions == [-1] * len(prompt) + [1] * len(turn1) + [-1] * len(delta) + [2] * len(turn2)
     assert (traj.group_id, traj.reward, traj.num_turns, traj.finish_reason) == ("g1", 1.0, 2, "answer")
+    assert traj.failure is None
     assert traj.reward_components == {"correct": 1.0, "used_tool": 1.0}
     assert set(traj.timings) == {"model_s", "env_s", "sandbox_s", "reward_s"}
     assert [set(t) for t in traj.info["turn_timings"]] == [{"model_s", "env_s", "sandbox_s"}] * 2
@@ -110,7 +111,7 @@ def test_engine_failure_ends_the_episode_only() -> None:
 
     traj = asyncio.run(run_episode(env, broken, seed=0))
     assert traj.finish_reason == "generate_error: ConnectionError: engine gone"
-    assert traj.reward == 0.0 and sum(traj.loss_mask) == 0
+    assert (traj.failure, traj.reward, sum(traj.loss_mask)) == ("generate_error", 0.0, 0)
     # the env is still usable
     assert asyncio.run(run_episode(env, oracle_generate(env), seed=1)).reward == 1.0
     env.close()

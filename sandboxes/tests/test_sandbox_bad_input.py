@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from parity.sandboxes import Limits, Sandbox, SandboxError, open_sandbox
+from parity.sandboxes import Limits, Sandbox, SandboxError, SandboxInputError, open_sandbox
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -48,7 +48,7 @@ def test_missing_image_says_how_to_build_it() -> None:
 
 def test_huge_stdin_is_refused_with_the_limit(sb: Sandbox) -> None:
     big = b"x" * (sb.limits.stdin_bytes + 1)
-    with pytest.raises(SandboxError, match=r"over Limits\.stdin_bytes"):
+    with pytest.raises(SandboxInputError, match=r"over Limits\.stdin_bytes"):
         sb.run(["cat"], stdin=big)
 
 
@@ -72,13 +72,14 @@ def test_large_stdin_within_limit_flows(backend: str) -> None:
     ],
 )
 def test_bad_argv(sb: Sandbox, argv: object, message: str) -> None:
-    with pytest.raises(SandboxError, match=message):
+    # the caller's input, not the sandbox's failure: an env shows it to the model
+    with pytest.raises(SandboxInputError, match=message):
         sb.run(argv)  # type: ignore[arg-type]
     assert sb.run(["true"]).exit_code == 0  # the sandbox is still fine
 
 
 def test_bad_timeout(sb: Sandbox) -> None:
-    with pytest.raises(SandboxError, match="timeout_s must be > 0"):
+    with pytest.raises(SandboxInputError, match="timeout_s must be > 0"):
         sb.run(["true"], timeout_s=0)
 
 

@@ -135,6 +135,32 @@ def test_standard_kernels_sync_mode_and_a_dropped_group(ray_local, tmp_path: Pat
     assert all(r["is/d3_lag"] == 0.0 for r in recs)
 
 
+def test_failed_episodes_train_on_the_rest_drop_their_group_and_are_counted(
+        ray_local, tmp_path: Path) -> None:
+    """Task 1 loses one of its 3 episodes (its group trains on 2); task 2 loses 2 (1 left,
+    fewer than train.min_group_episodes = 2: dropped, group 4 takes its place). Each step
+    counts the episodes of every group it consumed, trained on or dropped."""
+    fail = {"1": ["sandbox"], "2": ["sandbox", "timeout"]}
+    cfg = _cfg(tmp_path, rollout={"workers": 1, "group_size": 3}, env={"kwargs": {"fail": fail}},
+               train={"steps": 2, "checkpoint_every": 2}, output={"samples_per_step": 10})
+    summary = _train(cfg, tmp_path / "run")
+    samples = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").open()]
+    # what each step trained on (samples show all of it here): 3 + 2 episodes, then 3 + 3
+    assert [sum(s["step"] == step for s in samples) for step in (0, 1)] == [5, 6]
+    recs = read_metrics(tmp_path / "run")
+    got = [{k: v for k, v in r.items() if k.startswith("env/")} for r in recs]
+    assert got == [
+        {"env/failure_frac": 1 / 6, "env/failures/total": 1, "env/failures/sandbox": 1},
+        {"env/failure_frac": 2 / 9, "env/failures/total": 2, "env/failures/sandbox": 1,
+         "env/failures/timeout": 1}]
+    # when group 2 is dropped depends on how the rollouts interleave; by step 1 it has been
+    assert recs[-1]["count/dropped"] == 1
+    assert (summary["dropped"], summary["env/failures/total"], summary["env/failures/sandbox"],
+            summary["env/failures/timeout"]) == (1, 3, 2, 1)
+    on_disk = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert on_disk["env/failures/total"] == 3
+
+
 def test_a_run_without_learning_signal_stops_saying_so(ray_local, tmp_path: Path) -> None:
     """Every episode scores 0.5: every group-mean advantage is 0 at every step, and the run
     stops at the limit instead of running on and exiting 0 (a run that learns nothing)."""

@@ -123,12 +123,18 @@ def tiny_episodes(cfg: Any) -> Any:
     generated tokens equal to 3. `env.kwargs.crash_marker`: the first episode to find that
     path missing creates it and kills its worker process (a real crash);
     `env.kwargs.raise_on_task`: that task's episodes raise (bad data);
-    `env.kwargs.constant_reward`: every episode scores that (no learning signal)."""
+    `env.kwargs.constant_reward`: every episode scores that (no learning signal);
+    `env.kwargs.fail`: {task seed: [kind, ...]}: the first episodes of that task to start
+    come back failed with those kinds (Trajectory.failure) and reward 0, as a lost sandbox
+    leaves them."""
     marker = cfg.env.kwargs.get("crash_marker")
     bad_task = cfg.env.kwargs.get("raise_on_task")
     constant = cfg.env.kwargs.get("constant_reward")
+    fail = {int(k): list(v) for k, v in cfg.env.kwargs.get("fail", {}).items()}
 
     async def episode(generate: Any, task_seed: int, sampling_seed: int) -> Trajectory:
+        kinds = fail.get(task_seed)
+        failure = kinds.pop(0) if kinds else None
         if task_seed == bad_task:
             raise ValueError(f"task {task_seed}: row has no field 'question'")
         if marker and not os.path.exists(marker):
@@ -151,6 +157,7 @@ def tiny_episodes(cfg: Any) -> Any:
         gen = [t for t, m in zip(tokens, mask, strict=True) if m]
         reward = sum(t == 3 for t in gen) / len(gen) if constant is None else constant
         return Trajectory(group_id=str(task_seed), tokens=tokens, loss_mask=mask, logprobs=lps,
-                          versions=vers, reward=reward, num_turns=2)
+                          versions=vers, reward=0.0 if failure else reward, num_turns=2,
+                          failure=failure)
 
     return episode

@@ -18,6 +18,19 @@ A new env subclasses `TextEnv` and fills in five hooks (see docs/environments.md
     oracle() -> str                     the ideal next model turn (for SFT demonstrations)
     rubric: Rubric                      scored once, when the episode ends
 
+An episode that ends for a reason outside the agent is marked failed (`Episode.failure`,
+then `Trajectory.failure`) with its kind; the trainer leaves it out (docs/training.md §2):
+
+    "sandbox"         its sandbox could not start, died or was lost (`Response.failure`)
+    "env_error"       the env's `respond` raised
+    "reward_error"    a reward function of weight ≠ 0 raised or returned a non-finite value
+    "timeout"         the episode's wall-clock limit (`EpisodeLimits.timeout_s`) ran out
+    "generate_error"  the engine raised (set by the runner)
+
+An env may name other kinds. What the agent did (a malformed tool call, code that fails or
+times out in its sandbox, a wrong answer, running out of turns or tokens) is never a failure:
+it is scored as usual.
+
 `areset`/`astep` are the primary path (a rollout worker runs many episodes concurrently on
 one event loop); `reset`/`step` run them on the env's private event loop, or, called through
 gymnasium wrappers from `through_wrappers` (what the runner does), on the caller's loop.
@@ -42,7 +55,7 @@ from gymnasium import spaces
 
 from parity.envs.data import Task, check_rows, load_tasks
 from parity.envs.render import Renderer
-from parity.envs.rubric import Rubric
+from parity.envs.rubric import Rubric, RubricScore
 from parity.model.tokenizer import Tokenizer, build_project_tokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -60,7 +73,10 @@ _CALLER_LOOP: contextvars.ContextVar[asyncio.AbstractEventLoop | None] = context
 class EpisodeLimits:
     """Per-episode limits. `max_turns`: model turns; `max_tokens`: prompt + model +
     observation tokens (16K–128K for real models; smaller for tiny ones); `timeout_s`:
-    wall-clock seconds from reset. Hitting any of them truncates the episode."""
+    wall-clock seconds from reset. Hitting any of them truncates the episode; `timeout_s`
+    guards against stalls (a hung sandbox or service, an overloaded engine) and so also
+    marks it failed ("timeout"): the agent's own budget is its turns and tokens, and its
+    code's time is its sandbox's timeout."""
 
     max_turns: int = 4
     max_tokens: int = 16384
@@ -76,15 +92,19 @@ class EpisodeLimits:
 class Response:
     """The env's answer to one model turn.
 
-    `messages`: the observation for the model (unused when `done`). `done`: the task is over
-    (the episode terminates). `reason`: why it ended (the finish_reason), when done.
-    `metrics`: counters for this turn, summed over the episode (e.g. tool_calls,
-    parse_errors, sandbox_errors). `sandbox_s`: seconds spent in a sandbox this turn.
+    `messages`: the observation for the model (unused when `done` or failed). `done`: the
+    task is over (the episode terminates). `reason`: why it ended (the finish_reason), when
+    done or failed. `failure`: the turn failed for a reason outside the agent (its sandbox
+    died, a service it needs is gone): the kind, e.g. "sandbox"; the episode ends there,
+    truncated and marked failed, and is not scored. `metrics`: counters for this turn,
+    summed over the episode (e.g. tool_calls, parse_errors). `sandbox_s`: seconds spent in
+    a sandbox this turn.
     """
 
     messages: list[Message] = field(default_factory=list)
     done: bool = False
     reason: str = "done"
+    failure: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     sandbox_s: float = 0.0
 
@@ -96,7 +116,8 @@ class Episode:
     `messages` is the whole chat so far, model turns as role "assistant". `num_tokens` is the
     length of the token sequence (prompt + model + observation tokens). `turn_timings` has
     per turn `env_s` (all of the env's time, reward included on the last turn) and
-    `sandbox_s`; `reward_s` is the rubric's time.
+    `sandbox_s`; `reward_s` is the rubric's time. `failure`: None, or the kind of failure
+    outside the agent that ended the episode (the module docstring lists them).
     """
 
     task: Task
@@ -107,6 +128,7 @@ class Episode:
     metrics: dict[str, float] = field(default_factory=dict)
     turn_timings: list[dict[str, float]] = field(default_factory=list)
     finish_reason: str = ""
+    failure: str | None = None
     reward_s: float = 0.0
 
     @property
@@ -255,8 +277,9 @@ class TextEnv(gym.Env[Observation, Any]):
         return obs, {"task": dict(task), "prompt_tokens": len(prompt)}
 
     async def astep(self, action: Any) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
-        """One model turn. Never raises on bad actions or env failures: those end the turn
-        with an error observation or end the episode with a finish_reason."""
+        """One model turn. Never raises on bad actions or env failures: a bad action ends the
+        turn with an error observation; a failure outside the agent ends the episode, failed
+        (`Episode.failure`) and unscored (reward 0 that the trainer does not use)."""
         ep = self.episode
         if ep is None or self._done:
             raise RuntimeError("step() called on a finished episode; call reset() first")
@@ -271,21 +294,22 @@ class TextEnv(gym.Env[Observation, Any]):
         reason = ""
         try:
             if remaining <= 0:
-                reason = "timeout"
+                reason = ep.failure = "timeout"
             else:
                 resp = await asyncio.wait_for(self.respond(text), timeout=remaining)
                 ep.count(resp.metrics)
-                if resp.done:
+                if resp.failure is not None:
+                    reason, ep.failure = resp.reason, resp.failure
+                elif resp.done:
                     reason = resp.reason
                 else:
                     delta = self.renderer.observation_delta(resp.messages, ids)
         except TimeoutError:
-            reason = "timeout"
+            reason = ep.failure = "timeout"
         except Exception:  # an env bug must not take the rollout worker down
             log.exception("env %s failed on turn %d", type(self).__name__, ep.turns)
-            ep.count({"env_errors": 1})
-            reason = "env_error"
-        terminated = resp is not None and resp.done
+            reason = ep.failure = "env_error"
+        terminated = resp is not None and resp.done and ep.failure is None
         if not reason:
             if ep.turns >= self.limits.max_turns:
                 reason = "max_turns"
@@ -301,7 +325,11 @@ class TextEnv(gym.Env[Observation, Any]):
         self._done = True
         ep.finish_reason = reason
         t1 = time.monotonic()
-        score = await self.rubric.score(ep)
+        # a failed episode is not scored: its reward would not be the agent's, and reward
+        # functions may need what failed
+        score = RubricScore(0.0) if ep.failure else await self.rubric.score(ep)
+        if score.counted_errors and ep.failure is None:
+            ep.failure = "reward_error"
         ep.reward_s = time.monotonic() - t1
         await self.release()  # e.g. a pooled sandbox goes back as soon as the episode ends
         ep.time_turn(t0, resp.sandbox_s if resp else 0.0)

@@ -1,5 +1,5 @@
 """Can an environment run here? Its oracle plays one real episode and must reach the expected
-reward; and, during training, which episodes failed for reasons of the environment's own.
+reward.
 
     report = oracle_episode(make_env("parity/Math-v0"), seed=0)   # an OracleReport
     preflight("parity/PythonTool-v0", {"backend": "local"})      # raises EnvPreflightError
@@ -12,17 +12,9 @@ whose every tool call fails and whose reward stays 0.
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-
-from parity.core.types import Trajectory
-
-ENV_FAILURE_METRICS = ("sandbox_errors", "env_errors", "reward_errors")
-"""Episode counters that mean the environment failed (not the model): a sandbox that did not
-start or died, a bug in the env, a reward function that raised."""
-ENV_FAILURE_FINISHES = ("env_error", "desktop_failed", "generate_error")
 
 
 class EnvPreflightError(RuntimeError):
@@ -43,13 +35,17 @@ class OracleReport:
     turns: int
     finish_reason: str
     said: str = ""  # the env's last error-looking observation (or last observation)
+    failure: str | None = None  # the kind of failure outside the agent that ended it
 
     @property
     def ok(self) -> bool:
-        return self.reward >= self.expected
+        return self.failure is None and self.reward >= self.expected
 
     def problem(self) -> str:
         said = f"; the env said: {self.said}" if self.said else ""
+        if self.failure is not None:
+            return (f"env {self.env_id} cannot run here: its oracle episode failed "
+                    f"({self.failure}): {self.finish_reason}{said}")
         return (f"env {self.env_id} cannot run here: its oracle episode scored {self.reward:g} "
                 f"(expected {self.expected:g}, finish reason {self.finish_reason!r}){said}")
 
@@ -70,7 +66,8 @@ def oracle_episode(env: Any, seed: int = 0, env_id: str = "") -> OracleReport:
     if isinstance(env.unwrapped, TextEnv):
         traj = asyncio.run(run_episode(env, oracle_generate(env), seed=seed))
         said = _env_said(traj.info.get("messages", []))
-        return OracleReport(env_id, traj.reward, expected, traj.num_turns, traj.finish_reason, said)
+        return OracleReport(env_id, traj.reward, expected, traj.num_turns, traj.finish_reason, said,
+                            traj.failure)
     if not hasattr(env.unwrapped, "oracle_action"):
         raise EnvPreflightError(f"env {env_id} has no oracle (no oracle_action()): it cannot be "
                                 "checked before training")
@@ -108,21 +105,6 @@ def preflight(env_id: str, kwargs: Mapping[str, Any], seed: int = 0) -> OracleRe
     if not report.ok:
         raise EnvPreflightError(report.problem())
     return report
-
-
-def env_failure(traj: Trajectory) -> str | None:
-    """Why this episode failed on the environment's side (a counter or finish reason), or
-    None if it did not (a wrong answer or broken code is the model's, not a failure)."""
-    metrics = traj.info.get("metrics", {})
-    for name in ENV_FAILURE_METRICS:
-        if metrics.get(name, 0) > 0:
-            return name
-    reason = traj.finish_reason.split(":")[0]
-    return reason if reason in ENV_FAILURE_FINISHES else None
-
-
-def count_env_failures(trajs: Iterable[Trajectory]) -> Counter[str]:
-    return Counter(r for t in trajs if (r := env_failure(t)) is not None)
 
 
 def _env_said(messages: list[dict]) -> str:

@@ -7,8 +7,10 @@
 
 The code runs in a `parity.sandboxes` sandbox opened on the episode's first call (a fresh
 process per call, or one persistent REPL per episode with `persistent=True`); its output
-comes back cut to head and tail. A sandbox that dies is replaced on the next call and the
-failure is shown to the model and counted (`sandbox_errors`).
+comes back cut to head and tail. What the code does is the model's: an exception, a timeout,
+an exit, a REPL it ends, or a call the sandbox refuses as bad input is shown to the model. A
+sandbox that cannot start, dies or is lost is not the model's doing: the episode ends there,
+failed ("sandbox"), and the trainer leaves it out; the next episode gets a new sandbox.
 
 The default synthetic tasks (big-number arithmetic and list processing) are not reliably
 solvable without the tool; `difficulty` (>= 0; 0 is 3-digit times 1-digit) sets number
@@ -18,6 +20,7 @@ sizes and list lengths.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from contextlib import AsyncExitStack
@@ -33,6 +36,8 @@ from parity.envs.tools import ToolCall, extract_tag, make_parser
 
 if TYPE_CHECKING:
     from parity.sandboxes import Limits, SandboxPool
+
+log = logging.getLogger(__name__)
 
 KINDS = ("mul", "add", "sumsq", "sorted")
 ANSWER_TAG = "ans"
@@ -169,13 +174,23 @@ class PythonToolEnv(TextEnv):
         t0 = time.monotonic()
         if self.sandbox_latency_s:
             await asyncio.sleep(self.sandbox_latency_s)
-        output, metrics = await self._execute(parsed.call.arguments["code"])
+        try:
+            output, metrics = await self._execute(parsed.call.arguments["code"])
+        except Exception as e:  # not the model's doing: this episode cannot go on
+            log.warning("sandbox failed: %s: %s", type(e).__name__, e)
+            await self.release()
+            return Response(done=True, reason=f"sandbox_error: {type(e).__name__}: {e}",
+                            failure="sandbox", metrics={"tool_calls": 1},
+                            sandbox_s=time.monotonic() - t0)
         return Response([{"role": self.tool_role, "content": output}],
                         metrics={"tool_calls": 1, **metrics}, sandbox_s=time.monotonic() - t0)
 
     async def _execute(self, code: str) -> tuple[str, dict[str, float]]:
-        """(output for the model, counters). Never raises: a sandbox that fails is closed,
-        the failure is shown to the model, and the next call opens a new one."""
+        """(output for the model, counters). A call the sandbox refuses as bad input is
+        shown to the model; any other error of the sandbox (it could not start, died, was
+        lost) is raised."""
+        from parity.sandboxes import SandboxInputError
+
         try:
             if self._sandbox is None and self.sandbox_pool is not None:
                 self._lease = AsyncExitStack()
@@ -188,9 +203,8 @@ class PythonToolEnv(TextEnv):
                 result = await self._session.arun(code)
             else:
                 result = await self._sandbox.arun_python(code)
-        except Exception as e:
-            await self.release()
-            return head_tail(f"error: sandbox failed: {e}", self.output_chars), {"sandbox_errors": 1}
+        except SandboxInputError as e:
+            return head_tail(f"error: {e}", self.output_chars), {"rejected_calls": 1}
         notes = [n for n, on in (("timed out", result.timed_out), ("out of memory", result.oom),
                                  ("output truncated", result.output_truncated)) if on]
         if result.exit_code not in (0, None):

@@ -2,7 +2,9 @@
 
 A reward function takes the finished `Episode` and returns a float (or an awaitable of one).
 Weight 0 makes it a logged metric that does not count toward the reward. A function that
-raises scores 0 and is counted in `RubricScore.errors`; it never ends the rollout.
+raises scores 0 and is counted in `RubricScore.errors`; it never ends the rollout, but when
+it counts toward the reward the episode is marked failed ("reward_error"): its reward is
+wrong.
 """
 
 from __future__ import annotations
@@ -38,11 +40,13 @@ class Criterion:
 @dataclass
 class RubricScore:
     """`reward` = Σ weight·score; `components` holds every score by name (weight 0 too);
-    `errors` counts functions that raised or returned a non-finite value (scored 0)."""
+    `errors` counts functions that raised or returned a non-finite value (scored 0);
+    `counted_errors` those of them whose weight is not 0, which make `reward` wrong."""
 
     reward: float
     components: dict[str, float] = field(default_factory=dict)
     errors: int = 0
+    counted_errors: int = 0
 
 
 class Rubric:
@@ -68,6 +72,7 @@ class Rubric:
                 log.exception("reward function %s failed; scored 0", c.key)
                 value = 0.0
                 out.errors += 1
+                out.counted_errors += c.weight != 0
             out.components[c.key] = value
             out.reward += c.weight * value
         return out

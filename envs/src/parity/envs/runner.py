@@ -36,8 +36,10 @@ async def run_episode(
 
     `sampling` stop tokens default to the tokenizer's `stop_token_ids`. The result's
     `finish_reason` is the env's ("answer", "max_turns", "max_tokens", "timeout",
-    "env_error", ...) or "generate_error: ..." when the engine raised (reward 0). `timings`
-    sums model_s, env_s, sandbox_s and reward_s; `info["turn_timings"]` has them per turn.
+    "env_error", ...) or "generate_error: ..." when the engine raised. Its `failure` is the
+    env's (`Episode.failure`), or "generate_error" when the engine raised: such an episode
+    is not the agent's doing and its reward (0) is not used for training. `timings` sums
+    model_s, env_s, sandbox_s and reward_s; `info["turn_timings"]` has them per turn.
     """
     inner = env.unwrapped
     if not isinstance(inner, TextEnv):
@@ -103,6 +105,7 @@ async def run_episode(
         reward_components=dict(info.get("reward_components", {})),
         num_turns=len(env_timings),
         finish_reason=finish or info.get("finish_reason", ""),
+        failure="generate_error" if finish else inner.episode.failure,
         timings=timings,
         info={
             "task": reset_info.get("task", {}),

@@ -13,7 +13,7 @@ from parity.sandboxes.backends import BACKENDS, check_backends, launch_guest, op
 from parity.sandboxes.guest import Bind, Guest, GuestSpec
 from parity.sandboxes.limits import Limits
 from parity.sandboxes.pool import SandboxPool
-from parity.sandboxes.result import ExecResult, SandboxError
+from parity.sandboxes.result import ExecResult, SandboxError, SandboxInputError
 from parity.sandboxes.sandbox import PythonSession, Sandbox
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "PythonSession",
     "Sandbox",
     "SandboxError",
+    "SandboxInputError",
     "SandboxPool",
     "check_backends",
     "launch_guest",

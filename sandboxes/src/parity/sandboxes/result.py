@@ -13,6 +13,13 @@ class SandboxError(RuntimeError):
     """
 
 
+class SandboxInputError(SandboxError):
+    """The request itself was refused (an argument too long, a NUL byte, stdin over its
+    limit): the caller's input is at fault, the sandbox is fine and stays usable. An env
+    shows this to the model like any tool error; every other SandboxError is the sandbox's.
+    """
+
+
 @dataclass(frozen=True)
 class ExecResult:
     """The outcome of one command, snippet or session call.

@@ -21,7 +21,7 @@ from typing import Any, Self
 
 from parity.sandboxes.limits import Limits
 from parity.sandboxes.protocol import Transport, encode, read_frame
-from parity.sandboxes.result import ExecResult, SandboxError
+from parity.sandboxes.result import ExecResult, SandboxError, SandboxInputError
 
 # Seconds the host waits beyond a call's own timeout before declaring the helper hung.
 REPLY_MARGIN_S = 10.0
@@ -99,17 +99,17 @@ def helper_argv(python: str, limits: dict[str, Any]) -> list[str]:
 
 def _check_argv(argv: Sequence[str]) -> list[str]:
     if isinstance(argv, str | bytes) or not argv:
-        raise SandboxError(
+        raise SandboxInputError(
             "argv must be a non-empty list of strings, e.g. ['python3', '-c', 'print(1)']"
         )
     out = []
     for i, arg in enumerate(argv):
         if not isinstance(arg, str):
-            raise SandboxError(f"argv[{i}] is {type(arg).__name__}, not str")
+            raise SandboxInputError(f"argv[{i}] is {type(arg).__name__}, not str")
         if "\0" in arg:
-            raise SandboxError(f"argv[{i}] contains a NUL byte, which no command line can carry")
+            raise SandboxInputError(f"argv[{i}] contains a NUL byte, which no command line can carry")
         if len(arg.encode("utf-8", "surrogateescape")) > MAX_ARG_BYTES:
-            raise SandboxError(
+            raise SandboxInputError(
                 f"argv[{i}] is over 128 KiB, the kernel's limit for one argument; "
                 "write it to a file with write_file() and run that instead"
             )
@@ -191,7 +191,7 @@ class Sandbox(Closing, ABC):
         if timeout_s is None:
             return self.limits.timeout_s
         if not timeout_s > 0:
-            raise SandboxError(f"timeout_s must be > 0, got {timeout_s!r}")
+            raise SandboxInputError(f"timeout_s must be > 0, got {timeout_s!r}")
         return float(timeout_s)
 
     # -- public API --------------------------------------------------------------------
@@ -219,7 +219,7 @@ class Sandbox(Closing, ABC):
         timeout = self._timeout(timeout_s)
         data = stdin.encode() if isinstance(stdin, str) else stdin
         if data is not None and len(data) > self.limits.stdin_bytes:
-            raise SandboxError(
+            raise SandboxInputError(
                 f"stdin is {len(data)} bytes, over Limits.stdin_bytes={self.limits.stdin_bytes}; "
                 "raise the limit or write the data to a file with write_file()"
             )
@@ -242,7 +242,7 @@ class Sandbox(Closing, ABC):
         """Write a file under the work dir (parents created); paths outside it are refused."""
         raw = data.encode() if isinstance(data, str) else data
         if len(raw) > self.limits.disk_mb << 20:
-            raise SandboxError(
+            raise SandboxInputError(
                 f"{path}: {len(raw)} bytes is over Limits.disk_mb={self.limits.disk_mb}"
             )
         self._request({"op": "write", "path": path, "data": base64.b64encode(raw).decode()}, 60.0)
@@ -251,7 +251,7 @@ class Sandbox(Closing, ABC):
         """Read a file under the work dir, at most `max_bytes` (default 1 MiB) of it."""
         cap = DEFAULT_READ_BYTES if max_bytes is None else max_bytes
         if cap < 0:
-            raise SandboxError(f"max_bytes must be >= 0, got {cap}")
+            raise SandboxInputError(f"max_bytes must be >= 0, got {cap}")
         reply = self._request({"op": "read", "path": path, "max_bytes": cap}, 60.0)
         return base64.b64decode(reply["data"])
 
@@ -318,7 +318,7 @@ class PythonSession:
         if self._ended is not None:
             raise SandboxError(f"this Python session has ended ({self._ended}); start a new one")
         if not isinstance(code, str):
-            raise SandboxError(f"code must be str, got {type(code).__name__}")
+            raise SandboxInputError(f"code must be str, got {type(code).__name__}")
         timeout = self.sandbox._timeout(timeout_s)
         oom_before = self.sandbox._host_oom_kills()
         req = {"op": "session_run", "sid": self.sid, "code": code, "timeout_s": timeout}

@@ -215,7 +215,8 @@ def _audit_cluster(address: str, model_dirs: list[Path], shapes: list[str]) -> d
 
 
 def _print_summary(s: dict, run_dir: Path) -> None:
-    """The end-of-run report: held-out success, parity, where the time went, the outputs."""
+    """The end-of-run report: held-out success, parity, where the time went, episodes that
+    failed outside the agent (when any did), the outputs."""
     from rich.console import Console
     from rich.table import Table
 
@@ -241,6 +242,10 @@ def _print_summary(s: dict, run_dir: Path) -> None:
         t.add_row("time", wall_line(s))
     t.add_row("dropped / restarts / skipped", f"{s.get('dropped', 0)} / "
               f"{s.get('worker_restarts', 0)} / {s.get('skipped_nonfinite', 0)}")
+    if s.get("env/failures/total"):
+        kinds = ", ".join(f"{k.removeprefix('env/failures/')} {v}" for k, v in s.items()
+                          if k.startswith("env/failures/") and k != "env/failures/total")
+        t.add_row("env failures (not trained on)", f"{s['env/failures/total']} episodes: {kinds}")
     t.add_row("outputs", f"{run_dir}/ (summary.json, metrics.jsonl, samples.jsonl, "
               "trace.json, plots/, checkpoints/, tb/)")
     Console().print(t)

@@ -246,8 +246,15 @@ class TrainSection(StrictModel):
     max_dropped_in_a_row: int = Field(8, ge=1, description="stop the run when this many "
                                       "groups in a row are dropped (their episode code raised)")
     max_env_failure_frac: float = Field(0.5, ge=0, le=1, description="stop the run when more "
-                                        "of a step's episodes failed in the environment (a "
-                                        "sandbox that did not start, an env bug)")
+                                        "of a step's episodes failed outside the agent (a "
+                                        "sandbox that did not start or died, an env bug, a "
+                                        "timeout): the env cannot run properly here")
+    min_group_episodes: int = Field(2, ge=2, description="a group some of whose episodes "
+                                    "failed outside the agent trains on the others when at "
+                                    "least this many remain, their group-mean advantage "
+                                    "taken over them alone; else it is dropped (counted in "
+                                    "count/dropped). Failed episodes never train: their "
+                                    "reward is not the policy's (docs/training.md §2)")
     max_learner_restarts: int = Field(2, ge=0, description="restarts of a dead learner actor "
                                       "from the last checkpoint, within the run")
     start_timeout_s: float = Field(300.0, gt=0, description="the learner and each rollout "

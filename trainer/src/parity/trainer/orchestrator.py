@@ -9,7 +9,10 @@ every token of group g was sampled by a version ≥ s − max_lag: staleness is 
 without dropping finished work (workers simply get no new group when too far ahead).
 Sync mode is max_lag 0. A group whose episode code raises is dropped, counted with its
 reason, and the next index takes its place (the bound then applies to g minus the number
-of dropped groups below it: its place in consumption order).
+of dropped groups below it: its place in consumption order). Episodes that failed outside
+the agent (`Trajectory.failure`) never train: their group trains on the rest, or is dropped
+the same way when too few remain (parity.trainer.failures); a step's `env/failures/*` count
+the episodes of every group it consumed, trained on or dropped.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from parity.core.types import Trajectory
 from parity.trainer.checkpoint import Checkpoint
 from parity.trainer.config import TrainConfig
 from parity.trainer.evaluate import pass_rate
+from parity.trainer.failures import describe, failure_metrics, too_few_left, usable
 from parity.trainer.learner_actor import LearnerActor, ModelIO
 from parity.trainer.nodes import (
     NodeMismatchError,
@@ -77,7 +81,7 @@ class Orchestrator:
         self.placement: dict[str, dict[str, Any]] = {}  # role -> where it runs (nodes.here)
         self.step = 0
         self.cursor = 0  # next group index to start
-        self.done: dict[int, list[Trajectory]] = {}
+        self.done: dict[int, list[Trajectory]] = {}  # finished groups (dropped ones too)
         self.retry: list[int] = []  # groups to run again (their worker crashed)
         self.counters = {"dropped": 0, "worker_restarts": 0, "skipped_nonfinite": 0,
                          "learner_restarts": 0}
@@ -264,9 +268,13 @@ class Orchestrator:
             if train_ref is None and all(g in self.done for g in need):
                 self.spans.append(Span("waiting for data", "learner_wait", "learner", wait_start,
                                        time.time() - wait_start))
-                batch = [self.done.pop(g) for g in need]
+                # every finished group up to the last needed: trained on, or dropped
+                finished = {g: self.done.pop(g) for g in range(self.consumed, need[-1] + 1)
+                            if g in self.done}
+                batch = [usable(finished[g]) for g in need]
                 self.consumed = need[-1] + 1
-                batch_stats = self._env_failures(batch) | _batch_stats(batch)
+                episodes = [t for group in finished.values() for t in group]
+                batch_stats = self._env_failures(episodes) | _batch_stats(batch)
                 samples = _samples(batch, self.cfg.output.samples_per_step)
                 self._learning_signal(batch, batch_stats["reward/mean"])
                 train_ref = self.learner.train_step.remote(batch)
@@ -307,11 +315,16 @@ class Orchestrator:
                     self._restart(w, e)
                     continue
                 except ray.exceptions.RayTaskError as e:  # the episode code raised
-                    self._drop(g, e)
+                    self._drop(g, type(getattr(e, "cause", None) or e).__name__, _cause(e))
                     continue
                 self.spans += res.spans
                 self.done[g] = res.trajectories
-                self.dropped_in_a_row = 0
+                if too_few_left(res.trajectories, self.cfg.train.min_group_episodes):
+                    self._drop(g, "env_failures", f"{describe(res.trajectories)}, fewer than "
+                               f"train.min_group_episodes = "
+                               f"{self.cfg.train.min_group_episodes} left")
+                else:
+                    self.dropped_in_a_row = 0
         return self.counters
 
     def _learner_call(self, ref: Any, timeout: float | None = None) -> Any:
@@ -345,21 +358,16 @@ class Orchestrator:
                 f"rollout worker {w} did not load weights version {self.weights_version} "
                 f"within train.sync_timeout_s = {t:g} s"))
 
-    def _env_failures(self, groups: list[list[Trajectory]]) -> dict[str, float]:
-        """The batch's episodes that failed on the environment's side, by reason; stops the
-        run when they are more than `train.max_env_failure_frac` of it."""
-        from parity.envs.preflight import count_env_failures
-
-        trajs = [t for g in groups for t in g]
-        failures = count_env_failures(trajs)
-        frac = sum(failures.values()) / max(len(trajs), 1)
-        if frac > self.cfg.train.max_env_failure_frac:
-            reasons = ", ".join(f"{k}: {v}" for k, v in failures.most_common())
+    def _env_failures(self, episodes: list[Trajectory]) -> dict[str, float]:
+        """The step's episodes that failed outside the agent, by kind; stops the run when
+        they are more than `train.max_env_failure_frac` of them."""
+        metrics = failure_metrics(episodes)
+        if metrics["env/failure_frac"] > self.cfg.train.max_env_failure_frac:
             raise RunStopped(
-                f"{sum(failures.values())} of {len(trajs)} episodes of step {self.step} failed in "
-                f"the environment ({reasons}), more than train.max_env_failure_frac = "
-                f"{self.cfg.train.max_env_failure_frac}: the env cannot run properly here")
-        return {"env/failure_frac": frac, **{f"env/failures/{k}": v for k, v in failures.items()}}
+                f"{describe(episodes)} in step {self.step}, more than "
+                f"train.max_env_failure_frac = {self.cfg.train.max_env_failure_frac}: the env "
+                f"cannot run properly here")
+        return metrics
 
     def _learning_signal(self, groups: list[list[Trajectory]], mean_reward: float) -> None:
         """Counts the steps in a row whose groups each scored alike (group-mean advantages,
@@ -388,10 +396,10 @@ class Orchestrator:
             g += 1
         return out
 
-    def _drop(self, g: int, err: Exception) -> None:
-        """Drop group g, whose episode code raised; stop after too many in a row."""
-        cause = _cause(err)
-        self.dropped[g] = type(getattr(err, "cause", None) or err).__name__
+    def _drop(self, g: int, reason: str, cause: str) -> None:
+        """Drop group g (`reason`: the exception its episode code raised, or
+        "env_failures"); stop after too many in a row."""
+        self.dropped[g] = reason
         self.counters["dropped"] += 1
         self.dropped_in_a_row += 1
         print(f"parity train: group {g} dropped: {cause}", file=sys.stderr)

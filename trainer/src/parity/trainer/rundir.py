@@ -222,7 +222,9 @@ def _read_jsonl(p: Path) -> list[dict[str, Any]]:
 
 
 def summarize(recs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Totals over the run and the last values of the headline metrics."""
+    """Totals over the run and the last values of the headline metrics. Episodes that
+    failed outside the agent are summed by kind under their metrics' names
+    (`env/failures/total`, `env/failures/<kind>`)."""
     if not recs:
         return {"steps": 0}
     wall = sum(r.get("timing/step_s", 0.0) for r in recs)
@@ -251,6 +253,9 @@ def summarize(recs: list[dict[str, Any]]) -> dict[str, Any]:
         out[f"{k}/total"] = sum(r.get(k, 0.0) for r in recs)
     for k in ("dropped", "skipped_nonfinite", "worker_restarts", "learner_restarts"):
         out[k] = last.get(f"count/{k}", 0)
+    failures = sorted({k for r in recs for k in r if k.startswith("env/failures/")})
+    for k in failures:
+        out[k] = sum(r.get(k, 0) for r in recs)
     return out
 
 

@@ -62,6 +62,7 @@ class DesktopTextEnv(TextEnv):
         if terminated or truncated:
             self._reward = reward
             return Response(done=True, reason="desktop_failed" if "failure" in info else "done",
+                            failure="sandbox" if "failure" in info else None,
                             metrics=metrics, sandbox_s=timing.get("step_s", 0.0))
         content = f"{obs['feedback']}\n\n{obs['accessibility_tree']}" if obs["feedback"] else obs["accessibility_tree"]
         return Response(messages=[{"role": "user", "content": content}], metrics=metrics,

@@ -50,6 +50,11 @@ class Trajectory:
         sampling time (0.0 where loss_mask is 0);
       * `versions[t]` is the policy version whose weights produced tokens[t] (-1 where
         loss_mask is 0).
+
+    `failure` is None, or the kind of failure outside the agent that ended the episode
+    ("sandbox", "env_error", "reward_error", "timeout", "generate_error"; parity.envs.core):
+    its reward says nothing about the policy, so the trainer leaves it out of its group's
+    baseline and of the loss (docs/training.md §2).
     """
 
     group_id: str
@@ -61,6 +66,7 @@ class Trajectory:
     reward_components: dict[str, float] = field(default_factory=dict)
     num_turns: int = 0
     finish_reason: str = ""
+    failure: str | None = None
     timings: dict[str, float] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
 
