@@ -3,12 +3,14 @@ parity computes.
 
 Runs inside vLLM's worker process (vLLM's torch, not the workspace's). The forward is
 `Decoder.forward` itself, the learner's: only its `KVStore` differs, one that writes each
-layer's new keys and values into vLLM's paged CPU cache and reads every sequence's keys
-back through vLLM's block table (`VllmKV`), with the index arithmetic parity's own engine
-uses (`parity.engine.kv_cache.PagedKV`, over `VllmCache`). As in parity's engine, the
-running batch's keys and values stay dense between decode steps (`DenseBatch`), told apart
-by vLLM's request ids in batch order (`request_ids`, attached by the guest server's worker
-extension). vLLM's per-layer `Attention` modules are
+layer's new keys and values into vLLM's paged CPU cache, with the index arithmetic parity's
+own engine uses (`parity.engine.kv_cache.PagedKV`, over `VllmCache`). Attention reads that
+cache in place through vLLM's block table, with the fused kernel the learner runs
+(`parity.model.fused`, `Decoder.reads_paged`). Where that kernel cannot be built, every
+sequence's keys are gathered back instead and, as in parity's engine, the running batch's
+keys and values stay dense between decode steps (`DenseBatch`), told apart by vLLM's request
+ids in batch order (`request_ids`, attached by the guest server's worker extension). vLLM's
+per-layer `Attention` modules are
 created only so that vLLM allocates those caches and builds their metadata; their own
 forward never runs.
 

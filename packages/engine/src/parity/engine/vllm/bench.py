@@ -1,10 +1,13 @@
 """vLLM's side of `parity bench engine`: the same model, requests and thread count as the
 parity engine's cases, timed the same way (generated tokens / wall time of the batch, or the
 wall time of each turn of the multi-turn case's episodes). A case opens its servers first and
-keeps them for all its rounds, which interleave with parity's."""
+keeps them for all its rounds, which interleave with parity's; a server is stopped (SIGSTOP)
+outside its own rounds."""
 
 from __future__ import annotations
 
+import os
+import signal
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -39,13 +42,38 @@ def serving(model: Decoder, longest: int, seqs: int, compiled: bool = False,
             backend.close()
 
 
+@contextmanager
+def _running(backend: VllmBackend) -> Iterator[None]:
+    """The server's processes continued for the duration, stopped again after (SIGSTOP to its
+    process group): between its own rounds an idle vLLM server is not idle on a CPU, its
+    threads spin and took 35% of parity's tokens/s in the rounds they shared the cores with."""
+    os.killpg(backend.proc.pid, signal.SIGCONT)
+    try:
+        yield
+    finally:
+        os.killpg(backend.proc.pid, signal.SIGSTOP)
+
+
+@contextmanager
+def _paused(backend: VllmBackend) -> Iterator[VllmBackend]:
+    """The server stopped from here on, except inside `_running`; continued before it closes."""
+    os.killpg(backend.proc.pid, signal.SIGSTOP)
+    try:
+        yield backend
+    finally:
+        os.killpg(backend.proc.pid, signal.SIGCONT)
+
+
 def batch_server(model: Decoder, prompts: Sequence[list[int]], params: Sequence[SamplingParams],
                  warm_prefix: bool, compiled: bool, aligned: bool
                  ) -> AbstractContextManager[Callable[[int], float]]:
     """A server for a throughput case, warmed up (one untimed request, or, with `warm_prefix`,
     every prompt prefilled untimed so that timed runs find them in the prefix cache); yields a
-    round's measure: tokens/s of one timed batch of the requests."""
+    round's measure: tokens/s of one timed batch of the requests, sent unseeded (each draws
+    exactly its `max_new_tokens`; vLLM 0.32's CPU build dies on a seeded request whose prompt
+    it prefills in chunks, as the long-context case's are)."""
     longest = max(len(p) for p in prompts) + max(p.max_new_tokens for p in params)
+    params = [p.model_copy(update={"seed": None}) for p in params]
 
     @contextmanager
     def run() -> Iterator[Callable[[int], float]]:
@@ -55,11 +83,13 @@ def batch_server(model: Decoder, prompts: Sequence[list[int]], params: Sequence[
                              one if warm_prefix else one[:1])
 
             def measure(_: int) -> float:
-                t0 = time.perf_counter()
-                outs = backend.generate(prompts, params)
-                return sum(len(c.token_ids) for c in outs) / (time.perf_counter() - t0)
+                with _running(backend):
+                    t0 = time.perf_counter()
+                    outs = backend.generate(prompts, params)
+                    return sum(len(c.token_ids) for c in outs) / (time.perf_counter() - t0)
 
-            yield measure
+            with _paused(backend):
+                yield measure
 
     return run()
 
@@ -79,6 +109,12 @@ def episodes_server(model: Decoder, case: MultiTurnCase, params: Sequence[Sampli
         with serving(model, case.context_len, case.episodes, compiled, aligned) as backend:
             backend.generate([warm_prompt], [SamplingParams(max_new_tokens=2)])
             vocab = model.config.vocab_size
-            yield lambda r: run_episodes(backend, observations(case, vocab, r), unseeded)
+
+            def measure(r: int) -> Episodes:
+                with _running(backend):
+                    return run_episodes(backend, observations(case, vocab, r), unseeded)
+
+            with _paused(backend):
+                yield measure
 
     return run()
