@@ -125,11 +125,12 @@ def describe() -> str:
     return f"fused: {what}" if dll is not None else f"GEMM tiles ({what})"
 
 
-def units(layout: SeqLayout, kv_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+def units(layout: SeqLayout, kv_heads: int, threads: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The call's work units [U, 5] (sequence, KV head, first row, rows, first row's position)
-    and their cumulative cost (row-key pairs) [U]: computed once per layout, for all layers."""
+    and the cuts [threads + 1] that give each thread a contiguous run of about equal work
+    (row-key pairs): computed once per layout, for all its layers."""
     cache = layout.__dict__.setdefault("_fused_units", {})
-    if kv_heads not in cache:
+    if (kv_heads, threads) not in cache:
         rows = []
         for s, (start, n, kv) in enumerate(
                 zip(layout.starts, layout.lengths, layout.kv_lens, strict=True)):
@@ -137,10 +138,14 @@ def units(layout: SeqLayout, kv_heads: int) -> tuple[torch.Tensor, torch.Tensor]
             for h in range(kv_heads):
                 rows += [(s, h, start + a, min(UNIT_ROWS, n - a), first + a)
                          for a in range(0, n, UNIT_ROWS)]
-        table = torch.tensor(rows, dtype=torch.int64).reshape(-1, 5)
-        cost = (table[:, 3] * (table[:, 4] + table[:, 3] + KV_TILE)).cumsum(0)
-        cache[kv_heads] = (table, cost)
-    return cache[kv_heads]
+        work = torch.tensor(rows, dtype=torch.int64).reshape(-1, 5)
+        cost = (work[:, 3] * (work[:, 4] + work[:, 3] + KV_TILE)).cumsum(0)
+        total = int(cost[-1]) if len(work) else 0
+        inner = torch.searchsorted(cost, torch.arange(1, threads) * total // threads)
+        cuts = torch.cat([torch.zeros(1, dtype=torch.int64), inner,
+                          torch.tensor([len(work)])]).to(torch.int64)
+        cache[kv_heads, threads] = (work, cuts)
+    return cache[kv_heads, threads]
 
 
 def attention(
@@ -169,11 +174,8 @@ def attention(
     table = table.to(torch.int32).contiguous()
     out = torch.empty(n, hq, d)
     lse = torch.empty(n, hq)
-    work, cost = units(layout, hkv)
-    threads = max(1, min(torch.get_num_threads(), len(work)))
-    total = int(cost[-1]) if len(work) else 0
-    cuts = torch.tensor([0, *(int(torch.searchsorted(cost, total * t // threads))
-                              for t in range(1, threads)), len(work)], dtype=torch.int64)
+    threads = max(1, min(torch.get_num_threads(), len(layout.lengths) * hkv))
+    work, cuts = units(layout, hkv, threads)
     code = dll.parity_attend(q.data_ptr(), k.data_ptr(), v.data_ptr(),
                              int(k.dtype == torch.bfloat16), k.stride(0), k.stride(1),
                              k.stride(2), table.data_ptr(), table.stride(0), block_size,

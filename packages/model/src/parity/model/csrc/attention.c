@@ -157,35 +157,34 @@ static inline v16 load16(const void *base, int bf16, int64_t at) {
     return (v16)bits;
 }
 
-/* Ask for keys key0..key0+keys-1's K and V rows (as load_tile reads them) to be brought into
- * cache while the current tile computes: a paged pool's blocks are scattered pages, which the
- * hardware prefetcher does not follow. */
-static void prefetch_tile(const void *k, const void *v, int bf16, int64_t sb, int64_t sh,
-                          int64_t sp, const int32_t *blocks, int64_t block_size, int64_t h,
-                          int64_t key0, int64_t keys, int64_t d_len) {
-    const int64_t size = bf16 ? 2 : 4, row = d_len * size;
-    int64_t block = key0 / block_size, slot = key0 % block_size;
-    for (int64_t j = 0; j < keys; j++) {
-        const int64_t at = (blocks[block] * sb + h * sh + slot * sp) * size;
-        for (int64_t b = 0; b < row; b += 64) {
-            __builtin_prefetch((const char *)k + at + b);
-            __builtin_prefetch((const char *)v + at + b);
-        }
-        if (++slot == block_size) slot = 0, block++;
-    }
-}
-
-/* Keys key0..key0+keys-1 of (table row, head) into kt [D][KT] (transposed; keys past `keys`
- * zero) and vt [KT][D]. A key's slot: block table[key / block_size], slot key % block_size. */
-static void load_tile(const void *k, const void *v, int bf16, int64_t sb, int64_t sh,
-                      int64_t sp, const int32_t *blocks, int64_t block_size, int64_t h,
-                      int64_t key0, int64_t keys, int64_t d_len, float *kt, float *vt) {
-    int64_t at[KT];
+/* Element offsets at[j] of keys key0..key0+keys-1's rows for head h: key k lives in block
+ * blocks[k / block_size], slot k % block_size. */
+static void key_offsets(const int32_t *blocks, int64_t block_size, int64_t sb, int64_t sh,
+                        int64_t sp, int64_t h, int64_t key0, int64_t keys, int64_t *at) {
     int64_t block = key0 / block_size, slot = key0 % block_size;
     for (int64_t j = 0; j < keys; j++) {
         at[j] = blocks[block] * sb + h * sh + slot * sp;
         if (++slot == block_size) slot = 0, block++;
     }
+}
+
+/* Ask for the K and V rows at `at` [keys] to be brought into cache while the current tile
+ * computes: a paged pool's blocks are scattered pages, which the hardware prefetcher does
+ * not follow. */
+static void prefetch_rows(const void *k, const void *v, int bf16, const int64_t *at,
+                          int64_t keys, int64_t d_len) {
+    const int64_t size = bf16 ? 2 : 4, row = d_len * size;
+    for (int64_t j = 0; j < keys; j++)
+        for (int64_t b = 0; b < row; b += 64) {
+            __builtin_prefetch((const char *)k + at[j] * size + b);
+            __builtin_prefetch((const char *)v + at[j] * size + b);
+        }
+}
+
+/* The keys at `at` [keys] into kt [D][KT] (transposed; keys past `keys` zero) and their
+ * values into vt [KT][D]. */
+static void load_tile(const void *k, const void *v, int bf16, const int64_t *at, int64_t keys,
+                      int64_t d_len, float *kt, float *vt) {
     for (int64_t j0 = 0; j0 < KT; j0 += 16)
         for (int64_t c = 0; c < d_len; c += 16) {
             v16 m[16];
@@ -239,12 +238,14 @@ static int attend_units(const float *q, const void *k, const void *v, int bf16, 
         for (int64_t t = 0; t <= last / KT; t++) {
             const int64_t key0 = t * KT;
             const int64_t keys = last - key0 + 1 < KT ? last - key0 + 1 : KT;
-            load_tile(k, v, bf16, sb, sh, sp, table + s * table_stride, block_size, h, key0, keys,
-                      d_len, kt, vt);
+            int64_t at[KT];
+            key_offsets(table + s * table_stride, block_size, sb, sh, sp, h, key0, keys, at);
+            load_tile(k, v, bf16, at, keys, d_len, kt, vt);
             if (t < last / KT) {
                 const int64_t next = last - key0 - KT + 1 < KT ? last - key0 - KT + 1 : KT;
-                prefetch_tile(k, v, bf16, sb, sh, sp, table + s * table_stride, block_size, h,
-                              key0 + KT, next, d_len);
+                key_offsets(table + s * table_stride, block_size, sb, sh, sp, h, key0 + KT, next,
+                            at);
+                prefetch_rows(k, v, bf16, at, next, d_len);
             }
             /* the query vectors that see this tile, NQ at a time */
             int64_t i = key0 > pos0 ? (key0 - pos0) * g_heads : 0;
