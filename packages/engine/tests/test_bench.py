@@ -76,3 +76,14 @@ def test_vllm_runs_asked_for_eager_compiled_or_both():
     assert vllm_modes(True, False) == ["vllm", "vllm_aligned"]
     assert vllm_modes(False, True) == ["vllm_compiled"]
     assert vllm_modes(True, True) == ["vllm", "vllm_aligned", "vllm_compiled"]
+
+
+def test_an_unknown_case_is_an_error_naming_the_cases():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", "from parity.trainer.cli import main; main()",
+                          "bench", "engine", "--case", "no such case"],
+                         capture_output=True, text=True)
+    assert out.returncode == 2
+    assert out.stderr.startswith("error: --case 'no such case' matches no case; the cases: tiny")

@@ -145,6 +145,14 @@ def bench_engine(
 
     if threads:
         torch.set_num_threads(threads)
+    from parity.engine.bench import CASES, ON_REQUEST
+
+    names = [c.name for c in (*CASES, *ON_REQUEST)]
+    unknown = [n for n in case or [] if not any(n in name for name in names)]
+    if unknown:
+        typer.echo(f"error: --case {unknown[0]!r} matches no case; the cases: "
+                   f"{', '.join(names)}", err=True)
+        raise typer.Exit(2)
     report = run_bench(case or None, vllm=vllm, vllm_compiled=vllm_compiled)
     if json_:
         typer.echo(json.dumps(report, indent=2))
