@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
+from parity.envs.tokenizer import build_project_tokenizer
 from parity.model import Decoder, save_model
 from parity.model.shapes import TINY
-from parity.model.tokenizer import build_project_tokenizer
 from parity.trainer.embedded import EMBEDDED_DIR, EMBEDDED_ENV, make_embedded_env
 from parity.trainer.warmstart import SFTConfig, demonstrations, sft_loss, train_sft
 

@@ -1,6 +1,8 @@
 """The GPU check: parity's Triton kernel set proved on a CUDA device, as one JSON document.
 
-On a GPU machine (offline; torch, triton, numpy and safetensors are all it needs):
+On a GPU machine (offline; torch, triton, numpy, safetensors and pydantic are all it needs:
+`scripts/gpu_wheels.sh` fetches pydantic's wheels to carry where the image lacks it, and
+docs/gpu.md has the command):
 
     PYTHONPATH=packages/core/src:packages/model/src python scripts/gpu_check.py > gpu.json
 
@@ -20,8 +22,7 @@ count of uncertain tokens; and tokens/s of aligned vs standard in the learner's
 forward+backward and the engine's decode (reported, not asserted). `ok` is whether every
 assertion held; the exit status is 0 only then.
 
-It imports only parity's model package (and its config's pydantic where installed: where it is
-not, as on a bare GPU image, a stand-in config that reads the fields the decoder uses).
+It imports only parity's model package.
 """
 
 from __future__ import annotations
@@ -33,9 +34,8 @@ import platform
 import sys
 import time
 import traceback
-import types
 from collections.abc import Callable
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -78,55 +78,6 @@ TINY = dict(QWEN2_05B, vocab_size=97, hidden_size=64, intermediate_size=128, num
 
 
 # ----------------------------------------------------------------------------- imports
-
-
-def _install_standin_config() -> str:
-    """parity.model.config, or where pydantic is missing a stand-in with the fields and
-    properties the decoder, its loader and the proof read (default RoPE only). Returns which."""
-    try:
-        import pydantic  # noqa: F401
-    except ImportError:
-        pass
-    else:
-        return "parity.model.config"
-
-    @dataclass(frozen=True)
-    class ModelConfig:
-        model_type: str
-        vocab_size: int
-        hidden_size: int
-        intermediate_size: int
-        num_hidden_layers: int
-        num_attention_heads: int
-        num_key_value_heads: int | None = None
-        head_dim: int | None = None
-        rms_norm_eps: float = 1e-6
-        rope_theta: float = 10000.0
-        max_position_embeddings: int = 32768
-        tie_word_embeddings: bool = False
-        attention_bias: bool | None = None
-
-        kv_heads = property(lambda self: self.num_key_value_heads or self.num_attention_heads)
-        dim_per_head = property(lambda self: self.head_dim or self.hidden_size // self.num_attention_heads)
-        rope_base = property(lambda self: float(self.rope_theta))
-        rope_kind = property(lambda self: ("default", {}))
-        qkv_bias = property(lambda self: self.model_type == "qwen2" or bool(self.attention_bias))
-        qk_norm = property(lambda self: self.model_type == "qwen3")
-
-        @classmethod
-        def from_pretrained(cls, directory: str | Path) -> ModelConfig:
-            data = json.loads((Path(directory) / "config.json").read_text())
-            if data.get("rope_scaling") or data.get("rope_parameters"):
-                raise ValueError("the stand-in config reads default RoPE only")
-            data.setdefault("model_type", {"Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
-                                           "LlamaForCausalLM": "llama"}[data["architectures"][0]])
-            return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
-
-    module = types.ModuleType("parity.model.config")
-    module.ModelConfig = ModelConfig  # type: ignore[attr-defined]
-    module.ModelConfigError = ValueError  # type: ignore[attr-defined]
-    sys.modules["parity.model.config"] = module
-    return "stand-in (pydantic is not installed)"
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -305,7 +256,7 @@ def selfcheck_report(cfg, device) -> dict:
     """The start-up proof at the model's shapes on the device, through the selfcheck hook.
     Under the interpreter its ~1,500 probes per dtype take minutes even at tiny shapes, so
     --smoke skips it (the tests check its device wrapper)."""
-    from parity.model.selfcheck import require_alignment
+    from parity.model.devices import require_alignment
 
     if device.type != "cuda":
         return {"skipped": "the start-up proof runs on a CUDA device only in this check"}
@@ -534,12 +485,12 @@ def main() -> int:
     if args.smoke:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel is decorated
     started = time.perf_counter()
-    config_source = _install_standin_config()
     import torch
     import triton
 
     from parity.model.config import ModelConfig
-    from parity.model.kernels import STANDARD, get_kernels
+    from parity.model.devices import get_kernels
+    from parity.model.kernels import STANDARD
 
     sizes = SMOKE if args.smoke else GPU
     cuda = torch.cuda.is_available() and not args.smoke
@@ -548,7 +499,7 @@ def main() -> int:
         "device": {"kind": torch.cuda.get_device_name(device) if cuda else "cpu (Triton interpreter)",
                    "capability": ".".join(map(str, torch.cuda.get_device_capability(device))) if cuda else None,
                    "torch": torch.__version__, "cuda": torch.version.cuda, "triton": triton.__version__,
-                   "python": platform.python_version(), "config": config_source},
+                   "python": platform.python_version()},
         "smoke": args.smoke,
     }
     if not cuda and not args.smoke:

@@ -30,7 +30,7 @@ from parity.engine import model_runner
 from parity.engine.bench import CASES, _models, _requests
 from parity.engine.engine import Engine
 from parity.engine.scheduler import Scheduler
-from parity.model import blas, kernels
+from parity.model import blas, devices, kernels
 
 Clocks = collections.defaultdict[str, float]
 
@@ -56,7 +56,7 @@ def _linear_key(x: torch.Tensor, *rest: Any) -> str:
 
 def instrument(clocks: Clocks) -> None:
     """Wrap the engine's phases with clocks that add into `clocks` (this process, for good)."""
-    for k in (kernels.ALIGNED, kernels.STANDARD):
+    for k in (devices.ALIGNED, kernels.STANDARD):
         object.__setattr__(k, "linear", _timed(clocks, _linear_key, k.linear))
         object.__setattr__(k, "linears", _timed(clocks, _linear_key, k.linears))
         object.__setattr__(k, "attention", _timed(clocks, lambda *a: "attention", k.attention))

@@ -227,7 +227,7 @@ def test_a_full_disk_stops_cleanly_and_the_run_resumes_with_room(tmp_path, no_le
         assert "step_000002 is intact" in line and f"--resume {run}" in line
         assert not list((run / "checkpoints").glob(".*.tmp"))
         ckpt = load_checkpoint(latest_checkpoint(run / "checkpoints"))
-        assert ckpt.state["learner"]["version"] == 2
+        assert ckpt.learner["version"] == 2
         subprocess.run(["mount", "-o", "remount,size=400m", str(disk)], check=True)
         r = _resume(run)
         assert r.returncode == 0, r.stderr[-3000:]

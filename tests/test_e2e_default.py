@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from parity.core.timing import trace_nesting_errors
+from parity.core.trace import trace_nesting_errors
 
 ROOT = Path(__file__).resolve().parents[1]
 PARITY = str(Path(sys.executable).parent / "parity")

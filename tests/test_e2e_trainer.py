@@ -20,9 +20,9 @@ torch = pytest.importorskip("torch")
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from parity.envs.tokenizer import build_project_tokenizer
     from parity.model import Decoder, save_model
     from parity.model.shapes import TINY
-    from parity.model.tokenizer import build_project_tokenizer
 
     tok = build_project_tokenizer()
     cfg = TINY.model_copy(update={"vocab_size": tok.vocab_size, "hidden_size": 64,
@@ -41,7 +41,7 @@ def test_chunked_learner_forward_trains_exactly_like_unchunked(model_dir):
     """Long episodes: `optim.chunk_tokens` bounds memory; the logprobs (hence D3 and the
     loss) are bit-identical, the gradient equal up to summation order."""
     from parity.core.types import Trajectory
-    from parity.model import load_model, token_logprobs
+    from parity.model import load_model, packed_logprobs
     from parity.trainer.config import TrainConfig
     from parity.trainer.learner import Learner, LearnerSettings
 
@@ -60,7 +60,7 @@ def test_chunked_learner_forward_trains_exactly_like_unchunked(model_dir):
     out = []
     for chunk in (None, 16):
         cfg = TrainConfig.model_validate({"optim": {"lr": 1e-2, "chunk_tokens": chunk}})
-        learner = Learner(LearnerSettings.of(cfg), load_model(model_dir), token_logprobs)
+        learner = Learner(LearnerSettings.of(cfg), load_model(model_dir), packed_logprobs)
         out.append((learner.train_step(groups), learner.weights()))
     (m_full, w_full), (m_chunk, w_chunk) = out
     assert m_full["is/d3"] == m_chunk["is/d3"] and m_full["loss"] == m_chunk["loss"]

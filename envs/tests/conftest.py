@@ -11,7 +11,7 @@ import pytest
 from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HFTokenizer
 
-from parity.model.tokenizer import Tokenizer, build_project_tokenizer, load_tokenizer
+from parity.envs.tokenizer import Tokenizer, build_project_tokenizer, load_tokenizer
 
 # No network for `datasets`, and a private cache so no state survives between runs.
 os.environ["HF_DATASETS_OFFLINE"] = "1"

@@ -74,11 +74,16 @@ def test_oracle_episode_and_info() -> None:
     assert obs == {"messages": (), "token_ids": ()}
     assert info["finish_reason"] == "answer"
     assert info["reward_components"] == {"exact": 1.0}
-    assert info["text"] == env.episode.messages[-1]["content"] and "timings" not in info
-    assert [set(t) for t in env.episode.turn_timings] == [{"env_s", "sandbox_s"}]
-    env.reset(seed=1, options={"timings": True})  # the runner's option: seconds in info
-    *_, info = env.step(env.oracle_action())
-    assert info["timings"] == {**env.episode.turn_timings[-1], "reward_s": env.episode.reward_s}
+    assert set(info) == {"turn", "finish_reason", "num_tokens", "reward_components",
+                         "reward_errors", "tool_calls", "parse_errors", "metrics"}
+    ep = env.episode
+    assert (ep.done, ep.finish_reason, ep.reward_components) == (True, "answer", {"exact": 1.0})
+    assert ep.messages[-1] == {"role": "assistant", "content": ep.task["answer"]}
+    # the model's tokens as given (mask 1), before the engine's logprobs are attached
+    n = len(ep.task["answer"]) + 1
+    assert ep.loss_mask[-n:] == [1] * n and ep.versions[-n:] == [-1] * n
+    assert [(t.model_s, t.sandbox_s) for t in ep.turn_timings] == [(0.0, 0.0)]
+    assert ep.turn_timings[0].env_s >= ep.reward_s > 0
     with pytest.raises(RuntimeError, match="call reset"):
         env.step("again")
     with pytest.raises(RuntimeError, match="needs a running episode"):

@@ -35,16 +35,16 @@ def test_oracle_solves_every_kind(kind: str) -> None:
     env.close()
     assert traj.reward == 1.0 and traj.finish_reason == "answer"
     assert traj.reward_components == {"correct": 1.0, "used_tool": 1.0}
-    assert traj.num_turns == 2 and traj.info["tool_calls"] == 1
-    assert traj.timings["sandbox_s"] > 0
+    assert traj.num_turns == 2 and traj.metrics["tool_calls"] == 1
+    assert traj.turn_timings[0].sandbox_s > 0
 
 
 def test_sandbox_latency_is_waited_in_each_call_and_counted_as_sandbox_time() -> None:
     env = PythonToolEnv(kinds=("mul",), sandbox_latency_s=0.5)
     traj = asyncio.run(run_episode(env, oracle_generate(env), seed=11))
     env.close()
-    assert traj.reward == 1.0 and traj.info["tool_calls"] == 1
-    assert traj.timings["sandbox_s"] >= 0.5  # asyncio.sleep waits at least that long
+    assert traj.reward == 1.0 and traj.metrics["tool_calls"] == 1
+    assert sum(t.sandbox_s for t in traj.turn_timings) >= 0.5  # asyncio.sleep waits at least that long
     with pytest.raises(ValueError, match="sandbox_latency_s must be >= 0 seconds, got -1"):
         PythonToolEnv(sandbox_latency_s=-1)
 
@@ -177,7 +177,7 @@ def test_hermes_format() -> None:
     env = PythonToolEnv(tool_format="hermes")
     traj = asyncio.run(run_episode(env, oracle_generate(env), seed=0))
     assert traj.reward == 1.0
-    assert traj.info["messages"][1]["content"].startswith('<tool_call>{"name": "python"')
+    assert traj.messages[1]["content"].startswith('<tool_call>{"name": "python"')
     env.reset(options={"task": MUL})
     obs, *_ = env.step('<tool_call>{"name": "shell", "arguments": {"cmd": "ls"}}</tool_call>')
     assert obs["messages"][0]["content"] == 'error: the only tool is "python" with one string argument "code"'

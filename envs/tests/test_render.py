@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from parity.envs.render import Renderer, RenderError
-from parity.model.tokenizer import Tokenizer
+from parity.envs.tokenizer import Tokenizer
 
 _words = st.text(alphabet="abcdefghij0123456789 +*=?()<>/[],.:", min_size=1, max_size=30).map(
     lambda s: "x" + s.strip() + "y"
@@ -79,7 +79,7 @@ def test_qwen2_tool_messages_merge_into_one_user_turn(qwen2_tokenizer):
 
 
 def test_template_that_rewrites_history_is_refused(tmp_path, project_tokenizer):
-    from parity.model.tokenizer import Tokenizer
+    from parity.envs.tokenizer import Tokenizer
 
     # drops every assistant message but the last: not append-only
     template = (

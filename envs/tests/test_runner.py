@@ -40,20 +40,21 @@ def test_trajectory_is_prompt_model_and_observation_tokens() -> None:
     turn1 = tok.encode("<py>print(5831*47)</py><|im_end|>")
     delta = tok.encode("\n<|im_start|>tool\n274057\n<|im_end|>\n<|im_start|>assistant\n")
     turn2 = tok.encode("<ans>274057</ans><|im_end|>")
-    assert traj.tokens == prompt + turn1 + delta + turn2
-    assert traj.loss_mask == [0] * len(prompt) + [1] * len(turn1) + [0] * len(delta) + [1] * len(turn2)
-    assert traj.logprobs == [0.0] * len(prompt) + [-0.5] * len(turn1) + [0.0] * len(delta) + [-1.0] * len(turn2)
-    assert traj.versions == [-1] * len(prompt) + [1] * len(turn1) + [-1] * len(delta) + [2] * len(turn2)
+    assert traj.tokens.tolist() == prompt + turn1 + delta + turn2
+    assert traj.loss_mask.tolist() == [0] * len(prompt) + [1] * len(turn1) + [0] * len(delta) + [1] * len(turn2)
+    assert traj.logprobs.tolist() == [0.0] * len(prompt) + [-0.5] * len(turn1) + [0.0] * len(delta) + [-1.0] * len(turn2)
+    assert traj.versions.tolist() == [-1] * len(prompt) + [1] * len(turn1) + [-1] * len(delta) + [2] * len(turn2)
     assert (traj.group_id, traj.reward, traj.num_turns, traj.finish_reason) == ("g1", 1.0, 2, "answer")
     assert traj.failure is None
     assert traj.reward_components == {"correct": 1.0, "used_tool": 1.0}
-    assert set(traj.timings) == {"model_s", "env_s", "sandbox_s", "reward_s"}
-    assert [set(t) for t in traj.info["turn_timings"]] == [{"model_s", "env_s", "sandbox_s"}] * 2
+    assert len(traj.turn_timings) == 2 and all(t.model_s > 0 and t.env_s > 0 for t in traj.turn_timings)
+    assert traj.turn_timings[0].sandbox_s > 0 and traj.reward_s > 0
+    assert traj.task == MUL and traj.metrics == {"tool_calls": 1}
     # the engine was given exactly the sequence so far, and the tokenizer's stop tokens
     assert gen.calls[1][0] == prompt + turn1 + delta
     assert gen.calls[0][1].stop_token_ids == tuple(tok.stop_token_ids)
     # the sequence is the chat template's rendering of the whole chat
-    assert traj.tokens + tok.encode("\n") == tok.apply_chat_template(traj.info["messages"])
+    assert traj.tokens.tolist() + tok.encode("\n") == tok.apply_chat_template(traj.messages)
 
 
 def test_gymnasium_wrappers_see_every_reset_and_step() -> None:
@@ -74,10 +75,12 @@ def test_gymnasium_wrappers_see_every_reset_and_step() -> None:
     turn1 = tok.encode("<py>print(5831*47)</py><|im_end|>")
     delta = tok.encode("\n<|im_start|>tool\n274057\n<|im_end|>\n<|im_start|>assistant\n")
     turn2 = tok.encode("<ans>274057</ans><|im_end|>")
-    assert traj.tokens == [*prompt, mark, *turn1, *delta, mark, *turn2, mark]
+    assert traj.tokens.tolist() == [*prompt, mark, *turn1, *delta, mark, *turn2, mark]
     assert gen.calls[1][0] == [*prompt, mark, *turn1, *delta, mark]
     assert (traj.reward, traj.num_turns, traj.finish_reason) == (9.0, 2, "answer")
-    assert [set(t) for t in traj.info["turn_timings"]] == [{"model_s", "env_s", "sandbox_s"}] * 2
+    assert traj.loss_mask.tolist() == [0] * (len(prompt) + 1) + [1] * len(turn1) + [0] * (len(delta) + 1) + \
+        [1] * len(turn2) + [0]
+    assert traj.versions[len(prompt) + 1] == 1 and len(traj.turn_timings) == 2
 
 
 def test_turn_cut_by_length_gets_the_end_of_turn_from_the_env() -> None:
@@ -122,7 +125,7 @@ def test_oracle_generate_plays_the_turn_it_is_given() -> None:
     answer_at_once = oracle_generate(env, lambda e: f"<ans>{e.episode.task['answer']}</ans>")
     traj = asyncio.run(run_episode(env, answer_at_once, seed=0, options={"task": MUL}))
     env.close()
-    assert traj.info["messages"][1] == {"role": "assistant", "content": "<ans>274057</ans>"}
+    assert traj.messages[1] == {"role": "assistant", "content": "<ans>274057</ans>"}
     assert (traj.num_turns, traj.reward_components) == (1, {"correct": 1.0, "used_tool": 0.0})
 
 
@@ -137,7 +140,7 @@ def test_many_concurrent_episodes() -> None:
 
     trajs = asyncio.run(main())
     assert [t.reward for t in trajs] == [1.0] * 12
-    assert len({t.info["task"]["question"] for t in trajs}) == 12
+    assert len({t.task["question"] for t in trajs}) == 12
 
 
 def test_needs_a_text_env() -> None:

@@ -17,11 +17,12 @@ from parity.core.timing import (
     WAITING,
     Span,
     Timeline,
-    chrome_trace,
     read_spans,
     step_seconds,
     write_spans,
 )
+from parity.core.trace import chrome_trace
+from parity.trainer.admission import AdmissionState
 from parity.trainer.checkpoint import (
     CheckpointError,
     latest_checkpoint,
@@ -30,6 +31,7 @@ from parity.trainer.checkpoint import (
 )
 from parity.trainer.cli import app
 from parity.trainer.config import TrainConfig, load_train_config
+from parity.trainer.driver_state import Counters, DriverState
 from parity.trainer.profile import profile_run
 from parity.trainer.rundir import RunDir, clear_run, holds_run, read_metrics
 
@@ -54,6 +56,18 @@ def test_overrides_and_sync_mode_lag() -> None:
     assert cfg.optim.lr == 3e-4
     assert cfg.max_lag == 0
     assert load_train_config(None, ["train.max_lag=8"]).max_lag == 8
+
+
+def test_the_trust_region_bound_follows_the_mode_unless_set(tmp_path: Path) -> None:
+    """optim.max_update_kl unset: 0.1 when updates lag, off in sync (or at lag 0); a saved
+    config keeps it unset, so a run resumed in the other mode gets that mode's bound."""
+    assert TrainConfig().max_update_kl == 0.1  # the learner's reading: test_learner.py
+    run = RunDir(tmp_path)
+    run.save_config(TrainConfig())
+    assert "max_update_kl" not in tomllib.loads(run.config_path.read_text())["optim"]
+    assert load_train_config(run.config_path, ['train.mode="sync"']).max_update_kl == 0.0
+    run.save_config(load_train_config(None, ['train.mode="sync"', "optim.max_update_kl=0.3"]))
+    assert load_train_config(run.config_path, ['train.mode="async"']).max_update_kl == 0.3
 
 
 def test_env_kwargs_change_the_embedded_default_unless_an_env_is_named(tmp_path: Path) -> None:
@@ -178,12 +192,14 @@ def test_checkpoint_is_atomic_and_keeps_newest(tmp_path: Path) -> None:
         d.mkdir()
         (d / "config.json").write_text("{}")
 
+    driver = DriverState(AdmissionState(cursor=9, consumed=6, dropped={3: "ValueError"},
+                                        done={7: []}), Counters(dropped=1))
     for step in (2, 4, 6):
         save_checkpoint(tmp_path, step, write_model=write_model, optimizer={"s": step},
-                        state={"version": step}, queue=[{7: ["traj"]}], keep=2)
+                        learner={"version": step}, driver=driver, keep=2)
     assert sorted(p.name for p in tmp_path.glob("step_*")) == ["step_000004", "step_000006"]
     ck = load_checkpoint(latest_checkpoint(tmp_path))
-    assert ck.state == {"version": 6} and ck.queue == [{7: ["traj"]}]
+    assert ck.optimizer == {"s": 6} and ck.learner == {"version": 6} and ck.driver == driver
     assert (ck.model_dir / "config.json").exists()
     # a crash while writing step 8 leaves a temp dir and the previous checkpoint usable
     (tmp_path / ".step_000008.tmp").mkdir()
@@ -207,25 +223,28 @@ def _write_model(d: Path) -> None:
     (d / "config.json").write_text("{}")
 
 
+NO_DRIVER = DriverState(AdmissionState(), Counters())  # a run that has not started a group
+
+
 def test_pruning_keeps_the_checkpoint_just_written(tmp_path: Path) -> None:
     """Checkpoints after the one written belong to abandoned steps: they go, never it."""
     for step in (4, 6):
-        save_checkpoint(tmp_path, step, write_model=_write_model, optimizer={}, state={},
-                        queue=[], keep=2)
-    save_checkpoint(tmp_path, 1, write_model=_write_model, optimizer={}, state={}, queue=[],
-                    keep=2)
+        save_checkpoint(tmp_path, step, write_model=_write_model, optimizer={}, learner={},
+                        driver=NO_DRIVER, keep=2)
+    save_checkpoint(tmp_path, 1, write_model=_write_model, optimizer={}, learner={},
+                    driver=NO_DRIVER, keep=2)
     assert sorted(p.name for p in tmp_path.glob("step_*")) == ["step_000001"]
     assert latest_checkpoint(tmp_path).name == "step_000001"
     # step numbers compare as numbers once they outgrow six digits
     for step in (999_999, 1_000_000):
-        save_checkpoint(tmp_path, step, write_model=_write_model, optimizer={}, state={},
-                        queue=[], keep=2)
+        save_checkpoint(tmp_path, step, write_model=_write_model, optimizer={}, learner={},
+                        driver=NO_DRIVER, keep=2)
     assert sorted(p.name for p in tmp_path.glob("step_*")) == ["step_1000000", "step_999999"]
 
 
 def test_a_latest_that_names_nothing_is_an_error(tmp_path: Path) -> None:
-    save_checkpoint(tmp_path, 2, write_model=_write_model, optimizer={}, state={}, queue=[],
-                    keep=2)
+    save_checkpoint(tmp_path, 2, write_model=_write_model, optimizer={}, learner={},
+                    driver=NO_DRIVER, keep=2)
     (tmp_path / "latest").write_text("step_000004")
     with pytest.raises(CheckpointError) as e:
         latest_checkpoint(tmp_path)
@@ -244,8 +263,8 @@ def test_out_never_trains_into_a_run_without_resume_or_force(tmp_path: Path) -> 
     the run's own files only; `--resume` of a damaged directory is an error, not step 0."""
     run = _fake_run(tmp_path / "run")
     run.save_config(TrainConfig())
-    save_checkpoint(run.checkpoints, 2, write_model=_write_model, optimizer={}, state={},
-                    queue=[], keep=2)
+    save_checkpoint(run.checkpoints, 2, write_model=_write_model, optimizer={}, learner={},
+                    driver=NO_DRIVER, keep=2)
     (tmp_path / "run" / "notes.txt").write_text("mine")
     before = {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()}
     r = CliRunner().invoke(app, ["train", "examples/smoke.toml", "--out", str(tmp_path / "run"),

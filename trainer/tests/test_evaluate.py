@@ -9,10 +9,11 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
+from parity.core.types import Trajectory
 from parity.trainer.cli import app
 from parity.trainer.config import TrainConfig
 from parity.trainer.embedded import EMBEDDED_DIR
-from parity.trainer.evaluate import evaluate
+from parity.trainer.evaluate import evaluate, pass_rate
 from parity.trainer.rundir import RunDir
 
 
@@ -33,6 +34,12 @@ def test_eval_runs_as_many_episodes_as_the_run(tmp_path: Path) -> None:
     assert res["n"] == 3
     assert res["env"] == "parity/PythonTool-v0"
     assert 0.0 <= res["pass_rate"] <= 1.0
+
+
+def test_pass_rate_is_the_fraction_with_a_positive_reward() -> None:
+    trajs = [Trajectory("g", [1], [0], [0.0], [-1], reward=r, failure=f)
+             for r, f in ((1.0, None), (0.5, None), (0.0, None), (-1.0, None), (0.0, "sandbox"))]
+    assert pass_rate(trajs) == 2 / 5  # a failed episode counts as not passed
 
 
 def test_eval_n_overrides_the_run(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-from tiny import TinyLM, make_group, token_logprobs
+from tiny import TinyLM, make_group, packed_logprobs
 
 from parity.core.types import Trajectory
 from parity.trainer.commands import _print_summary
@@ -33,7 +33,7 @@ def _group(model: TinyLM, failed_reward: float = 0.0, failed_seq: list[int] | No
 def _update(groups: list[list[Trajectory]]) -> list[torch.Tensor]:
     """The weights after one learner update on `groups`, from the same start every time."""
     model = TinyLM()
-    Learner(LearnerSettings.of(CFG), model, token_logprobs).train_step(groups)
+    Learner(LearnerSettings.of(CFG), model, packed_logprobs).train_step(groups)
     return [p.detach().clone() for p in model.parameters()]
 
 

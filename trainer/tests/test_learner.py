@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from tiny import TinyLM, make_group, token_logprobs
+from tiny import TinyLM, make_group, packed_logprobs
 
 from parity.core.types import Trajectory
 from parity.trainer.config import TrainConfig
@@ -44,19 +44,36 @@ def test_collate_aligns_mu_mask_versions_to_logprob_positions() -> None:
 def test_the_learner_leaves_the_global_rng_to_its_caller() -> None:
     model = TinyLM()
     before = torch.get_rng_state()
-    Learner(_cfg(), model, token_logprobs)
+    Learner(_cfg(), model, packed_logprobs)
     assert torch.equal(torch.get_rng_state(), before)
 
 
 def test_micro_batches_respect_token_budget() -> None:
     assert micro_batches(torch.tensor([4, 4, 4, 10, 2]), 8) == [[0, 1], [2], [3], [4]]
     assert micro_batches(torch.tensor([4, 4, 4]), 100) == [[0, 1, 2]]
+    # real tokens, not count × longest: 2 + 6 fits 8 (padded it would take 12)
+    assert micro_batches(torch.tensor([2, 6, 3]), 8) == [[0, 1], [2]]
+
+
+def test_publishing_hands_out_the_kept_weights_which_stay_that_version() -> None:
+    """`current_weights` is the history's copy of the current version (no second copy), and
+    the next update replaces it in the history without touching the published one."""
+    model = TinyLM()
+    learner = Learner(_cfg(), model, packed_logprobs)
+    learner.train_step(_groups(model, 0))
+    published = learner.current_weights()
+    assert published is learner.history[1]
+    kept = {k: v.clone() for k, v in published.items()}
+    assert all(torch.equal(v, learner.weights()[k]) for k, v in kept.items())
+    learner.train_step(_groups(model, 1))
+    assert all(torch.equal(published[k], v) for k, v in kept.items())
+    assert any(not torch.equal(learner.current_weights()[k], v) for k, v in kept.items())
 
 
 def test_d3_splits_into_mismatch_and_lag() -> None:
     model = TinyLM()
     # every sequence split (the default samples a quarter): is/d3 is then mismatch plus lag
-    learner = Learner(_cfg(train={"mismatch_share": 1.0}), model, token_logprobs)
+    learner = Learner(_cfg(train={"mismatch_share": 1.0}), model, packed_logprobs)
     g0 = _groups(model, version=0)  # μ = π_θ0 exactly: aligned sampling at version 0
     m0 = learner.train_step(g0)
     assert m0["is/d3"] == m0["is/d3_mismatch"] == m0["is/d3_lag"] == 0.0
@@ -86,7 +103,7 @@ def test_async_defaults_to_a_trust_region_and_zero_turns_it_off() -> None:
     assert settings().optim.betas == (0.9, 0.999)
     model = TinyLM()
     for optim, bounded in (({}, True), ({"max_update_kl": 0}, False)):
-        m = Learner(_cfg(optim=optim), model, token_logprobs).train_step(_groups(model, 0))
+        m = Learner(_cfg(optim=optim), model, packed_logprobs).train_step(_groups(model, 0))
         assert ("trust/scale" in m) is bounded
 
 
@@ -94,13 +111,13 @@ def test_update_kl_is_how_far_the_update_moved_the_policy_on_its_batch() -> None
     """kl/update after an update on rollouts with μ = π_θ0 is the KL that the next step on
     the same rollouts measures between them and the learner: both are k2(π_θ1 − π_θ0)."""
     model = TinyLM()
-    learner = Learner(_cfg(train={"track_update_kl": True}), model, token_logprobs)
+    learner = Learner(_cfg(train={"track_update_kl": True}), model, packed_logprobs)
     g0 = _groups(model, version=0)
     m0 = learner.train_step(g0)
     m1 = learner.train_step(g0)
     assert m0["kl/rollout_learner"] == 0.0
     assert m0["kl/update"] > 0 and m0["kl/update"] == m1["kl/rollout_learner"]
-    assert "kl/update" not in Learner(_cfg(), TinyLM(), token_logprobs).train_step(g0)
+    assert "kl/update" not in Learner(_cfg(), TinyLM(), packed_logprobs).train_step(g0)
 
 
 def test_the_trust_region_shrinks_a_large_update_and_its_momentum() -> None:
@@ -110,7 +127,7 @@ def test_the_trust_region_shrinks_a_large_update_and_its_momentum() -> None:
     def run(**optim) -> tuple[Learner, dict[str, float]]:
         torch.manual_seed(0)
         model = TinyLM()
-        learner = Learner(_cfg(optim=optim), model, token_logprobs)
+        learner = Learner(_cfg(optim=optim), model, packed_logprobs)
         return learner, learner.train_step(_groups(model, version=0))
 
     free, _ = run(max_update_kl=0)
@@ -138,8 +155,8 @@ def test_the_split_recomputes_a_sampled_share_of_older_sequences() -> None:
     under it (one forward of half the batch), and is/d3_share says so; the mismatch is still
     measured (0 here: μ is the model's own logprob) and is/d3 still covers every token."""
     model = TinyLM()
-    full = Learner(_cfg(train={"mismatch_share": 1.0}), copy.deepcopy(model), token_logprobs)
-    half = Learner(_cfg(train={"mismatch_share": 0.5}), model, token_logprobs)
+    full = Learner(_cfg(train={"mismatch_share": 1.0}), copy.deepcopy(model), packed_logprobs)
+    half = Learner(_cfg(train={"mismatch_share": 0.5}), model, packed_logprobs)
     g0 = _groups(model, version=0)
     for learner in (full, half):
         learner.train_step(g0)
@@ -151,7 +168,7 @@ def test_the_split_recomputes_a_sampled_share_of_older_sequences() -> None:
 
 def test_versions_older_than_max_lag_leave_the_split() -> None:
     model = TinyLM()
-    learner = Learner(_cfg(train={"max_lag": 0}), model, token_logprobs)
+    learner = Learner(_cfg(train={"max_lag": 0}), model, packed_logprobs)
     g0 = _groups(model, version=0, noise=0.05)
     learner.train_step(g0)
     m = learner.train_step(g0)  # version 0 weights are gone (max_lag 0)
@@ -161,8 +178,8 @@ def test_versions_older_than_max_lag_leave_the_split() -> None:
 
 def test_gradient_accumulation_matches_one_batch() -> None:
     a, b = TinyLM(), TinyLM()
-    la = Learner(_cfg(optim={"micro_batch_tokens": 1}), a, token_logprobs)
-    lb = Learner(_cfg(optim={"micro_batch_tokens": 10_000}), b, token_logprobs)
+    la = Learner(_cfg(optim={"micro_batch_tokens": 1}), a, packed_logprobs)
+    lb = Learner(_cfg(optim={"micro_batch_tokens": 10_000}), b, packed_logprobs)
     ma, mb = la.train_step(_groups(a, 0)), lb.train_step(_groups(b, 0))
     assert ma["grad/norm"] == pytest.approx(mb["grad/norm"], rel=1e-6)
     for pa, pb in zip(a.parameters(), b.parameters(), strict=True):
@@ -171,7 +188,7 @@ def test_gradient_accumulation_matches_one_batch() -> None:
 
 def test_nonfinite_loss_skips_update_and_counts() -> None:
     model = TinyLM()
-    learner = Learner(_cfg(), model, token_logprobs)
+    learner = Learner(_cfg(), model, packed_logprobs)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     groups = _groups(model, 0)
     groups[0][0].reward = float("nan")
@@ -185,7 +202,7 @@ def test_nonfinite_loss_skips_update_and_counts() -> None:
 def test_vcpo_lr_is_scaled_by_ess() -> None:
     model = TinyLM()
     learner = Learner(_cfg(loss={"vcpo_lr": "linear", "vcpo_baseline": True}), model,
-                      token_logprobs)
+                      packed_logprobs)
     groups = _groups(model, 0)
     groups[0][0].logprobs = [x - 0.5 if m else 0.0 for x, m in
                              zip(groups[0][0].logprobs, groups[0][0].loss_mask, strict=True)]

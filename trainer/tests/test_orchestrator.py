@@ -27,8 +27,8 @@ from parity.core.timing import (
     read_spans,
 )
 from parity.trainer.config import TrainConfig
+from parity.trainer.errors import RunStopped
 from parity.trainer.learner_actor import ModelIO
-from parity.trainer.orchestrator import RunStopped
 from parity.trainer.profile import profile_run
 from parity.trainer.rundir import read_metrics
 from parity.trainer.train import run_training
@@ -63,7 +63,7 @@ def _cfg(tmp: Path, **sections) -> TrainConfig:
 
 
 def _train(cfg: TrainConfig, run: Path, resume: bool = False) -> dict:
-    io = ModelIO(load=tiny.load_tiny, save=tiny.save_tiny, logprobs=tiny.token_logprobs)
+    io = ModelIO(load=tiny.load_tiny, save=tiny.save_tiny, logprobs=tiny.packed_logprobs)
     return run_training(cfg, run, resume=resume, io=io, backend_factory=tiny.TinyBackend,
                         episode_factory=tiny.tiny_episodes)
 
@@ -186,7 +186,7 @@ def test_worker_crash_then_resume_loses_and_repeats_nothing(ray_local, tmp_path:
                           train={"steps": 2, "checkpoint_every": 2}), run)
     assert marker.exists() and summary["worker_restarts"] == 1
     ckpt_state = torch.load(run / "checkpoints" / "step_000002" / "state.pt", weights_only=False)
-    assert ckpt_state["learner"]["version"] == 2
+    assert ckpt_state["version"] == 2
     # metrics of a step 2 that was lost with the process (no checkpoint after it)
     with open(run / "metrics.jsonl", "a") as f:
         f.write(json.dumps({"step": 2, "reward/mean": -1.0}) + "\n")

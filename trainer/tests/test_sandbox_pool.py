@@ -24,7 +24,7 @@ def test_the_embedded_env_lends_from_one_pool_sized_for_the_worker() -> None:
         for seed in range(3):  # one after another, as a worker's episodes come and go
             env = make_env(cfg.env.id, **kwargs, sandbox_pool=pool)
             traj = await run_episode(env, oracle_generate(env), seed=seed)
-            assert traj.info["tool_calls"] == 1 and traj.failure is None
+            assert traj.metrics["tool_calls"] == 1 and traj.failure is None
             rewards.append(traj.reward)
             env.close()
         return rewards

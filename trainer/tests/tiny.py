@@ -1,4 +1,4 @@
-"""A tiny causal LM with the `token_logprobs` contract, for learner tests that must not wait
+"""A tiny causal LM with the learner's logprob contract, for learner tests that must not wait
 on parity.model (the end-to-end tests use the real model)."""
 
 from __future__ import annotations
@@ -44,6 +44,14 @@ def token_logprobs(model: nn.Module, tokens: Tensor, temperature: float = 1.0,
     """lp[:, t] = log p(tokens[t+1] | tokens[:t+1]) in float64 (row-independent)."""
     logits = model(tokens)[:, :-1].double() / temperature
     return torch.log_softmax(logits, -1).gather(-1, tokens[:, 1:, None])[..., 0]
+
+
+def packed_logprobs(model: nn.Module, tokens: Tensor, lengths: list[int],
+                    temperature: float = 1.0, chunk_size: int | None = None) -> Tensor:
+    """The learner's contract (`parity.model.packed_logprobs`): packed sequences in, each
+    sequence's n - 1 logprobs out, packed (one forward per sequence; no chunks needed)."""
+    seqs = tokens.split(lengths)
+    return torch.cat([token_logprobs(model, s[None], temperature)[0] for s in seqs])
 
 
 def make_group(model: nn.Module, gid: str, seqs: list[list[int]], gen_from: int,

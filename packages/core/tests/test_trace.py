@@ -16,9 +16,8 @@ from parity.core.timing import (
     CATEGORIES,
     STATE_ORDER,
     Span,
-    chrome_trace,
-    trace_nesting_errors,
 )
+from parity.core.trace import chrome_trace, trace_nesting_errors
 
 T = 1733456789.123456  # a time.time() reading: about 0.24 µs between floats
 

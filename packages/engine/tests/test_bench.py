@@ -17,8 +17,9 @@ def test_engine_bench_times_fp32_and_bf16_side_by_side():
     for into in (r, b):
         a, s = into["aligned_tokens_per_s"], into["standard_tokens_per_s"]
         assert len(a["rounds"]) == len(s["rounds"]) == 2 and min(a["rounds"]) > 0
-        rounds = [round(x / y, 3) for x, y in zip(a["rounds"], s["rounds"], strict=True)]
-        assert into["ratio"]["rounds"] == pytest.approx(rounds, abs=2e-3)
+        # the rounds are reported to 0.1 tokens/s, so their ratio agrees to that rounding only
+        rounds = [x / y for x, y in zip(a["rounds"], s["rounds"], strict=True)]
+        assert into["ratio"]["rounds"] == pytest.approx(rounds, rel=1e-2)
     for m in ("aligned", "standard"):
         assert len(b[f"{m}_over_fp32"]["rounds"]) == 2
 
@@ -46,7 +47,8 @@ def test_learner_bench_times_fp32_and_bf16_side_by_side():
 
 
 def test_engine_bench_multi_turn_serves_each_turns_prefix_from_the_cache():
-    from parity.engine.bench import BLOCK_SIZE, MultiTurnCase, run_multi_turn_case
+    from parity.engine.bench import run_multi_turn_case
+    from parity.engine.multi_turn import BLOCK_SIZE, MultiTurnCase
 
     case = MultiTurnCase("tiny multi-turn", "tiny", episodes=2, turns=3, observation_len=40,
                          new_tokens=8)

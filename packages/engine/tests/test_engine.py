@@ -12,7 +12,18 @@ from parity.engine.sequence import Status
 from parity.engine.shapes import random_model
 from parity.model import token_logprobs
 from parity.model.layout import attention_scores
-from parity.model.tokenizer import build_project_tokenizer
+
+
+class CharTokenizer:
+    """One id per character (ids 0..255): the engine's stop strings need only decode."""
+
+    vocab_size = 256
+
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) for c in text]
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(map(chr, ids))
 
 
 def _prompts(n: int, length: int, seed: int = 0) -> list[list[int]]:
@@ -96,7 +107,7 @@ def test_stop_token_ends_the_turn_and_is_kept(engine):
 
 
 def test_stop_string_needs_detokenization():
-    tok = build_project_tokenizer()
+    tok = CharTokenizer()
     model = random_model("test", vocab_size=tok.vocab_size)
     eng = Engine(model, EngineConfig(kv_blocks=64), tokenizer=tok)
     p = tok.encode("Q: 12+30=")

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+from typing import get_args
 
 import pytest
 from pydantic import ValidationError
 
 from parity.engine import EngineConfig, EngineInputError, SamplingParams
+from parity.engine.config import BlockSize
+from parity.model import KV_TILE
 
 
 @pytest.mark.parametrize(
@@ -44,8 +47,17 @@ def test_invalid_sampling_params_are_refused(kw):
         SamplingParams(**kw)
 
 
-@pytest.mark.parametrize(("kw", "message"), [({"block_size": 24}, "block_size must divide 64"),
-                                             ({"kv_blocks": 0}, "kv_blocks must be a positive int")])
+@pytest.mark.parametrize(("kw", "message"), [
+    ({"block_size": 24}, r"block_size\n  Input should be 1, 2, 4, 8, 16, 32 or 64"),
+    ({"kv_blocks": 0}, r"kv_blocks\n  Input should be greater than or equal to 1"),
+    ({"dense_kv_mib": -1}, r"dense_kv_mib\n  Input should be greater than or equal to 0"),
+    ({"max_model_len": 1}, r"max_model_len\n  Input should be greater than or equal to 2"),
+    ({"prefix_cache": False}, r"prefix_cache\n  Extra inputs are not permitted"),
+])
 def test_invalid_engine_config(kw, message):
     with pytest.raises(ValueError, match=message):
         EngineConfig(**kw)
+
+
+def test_block_sizes_are_the_divisors_of_the_attention_tile():
+    assert get_args(BlockSize) == tuple(d for d in range(1, KV_TILE + 1) if KV_TILE % d == 0)

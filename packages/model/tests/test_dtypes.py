@@ -13,8 +13,8 @@ import torch
 from safetensors.torch import load_file
 
 from parity.model import load_model, save_model, token_logprobs
-from parity.model.dtypes import DtypeError, bf16_support, require_dtype, resolve_dtype
-from parity.model.io import stored_dtypes
+from parity.model.dtypes import DtypeError, bf16_support, require_dtype
+from parity.model.io import resolve_dtype, stored_dtypes
 
 
 def _set_torch_dtype(d, value):

@@ -21,14 +21,14 @@ import torch
 os.environ["TRITON_INTERPRET"] = "1"
 pytest.importorskip("triton")
 
+from parity.model.devices import ALIGNED, get_kernels
 from parity.model.gpu import KERNELS
 from parity.model.gpu.attention import _attention_kernel, paged_attention
 from parity.model.gpu.controls import split_k_linear
 from parity.model.gpu.device import unavailable
 from parity.model.gpu.launch import interpreted
-from parity.model.kernels import ALIGNED, STANDARD, get_kernels
+from parity.model.kernels import STANDARD, AlignmentError
 from parity.model.layout import KV_TILE, SeqLayout
-from parity.model.selfcheck import AlignmentError
 
 ROWS = (1, 2, 3, 7, 8, 9, 15, 16, 17, 63, 64, 65, 255)
 REPO = Path(__file__).resolve().parents[3]
@@ -289,9 +289,9 @@ def test_device_proof_moves_the_probes_and_reports_failures() -> None:
 
 def test_gpu_check_smoke() -> None:
     """scripts/gpu_check.py --smoke: every check of the GPU run, at tiny shapes under the
-    interpreter, where the machine has no pydantic (as the GPU machine's image)."""
+    interpreter."""
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    code = ("import runpy, sys; sys.modules['pydantic'] = None; "
+    code = ("import runpy, sys; "
             "sys.argv = ['gpu_check.py', '--smoke']; "
             "runpy.run_path('scripts/gpu_check.py', run_name='__main__')")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True,

@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 
 from parity.model.attention import tree_sum
 from parity.model.blas import cnr_mode
-from parity.model.kernels import ALIGNED, STANDARD
+from parity.model.devices import ALIGNED
+from parity.model.kernels import STANDARD
 from parity.model.layout import KV_TILE, SeqLayout
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

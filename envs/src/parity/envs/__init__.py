@@ -3,8 +3,8 @@ rubric rewards, task data, and the Python-tool, math and desktop environments.
 
 Importing this package registers `parity/PythonTool-v0`, `parity/Math-v0` and
 `parity/Desktop-v0` with gymnasium. It stays light (the CLI imports it): the env classes
-and the tokenizer behind them load on first use, and torch not at all (the tokenizer is
-torch-free).
+and the tokenizer behind them (`parity.envs.tokenizer`) load on first use, and torch not at
+all.
 """
 
 import importlib
@@ -26,7 +26,8 @@ register_env(
 
 import parity.envs.desktop  # noqa: E402, F401  (registers parity/Desktop-v0)
 
-_LAZY = {name: "parity.envs.core" for name in ("Episode", "EpisodeLimits", "Response", "TextEnv")}
+_LAZY = {"Episode": "parity.envs.episode", "EpisodeLimits": "parity.envs.episode",
+         "Response": "parity.envs.core", "TextEnv": "parity.envs.core"}
 
 
 def __getattr__(name: str) -> Any:

@@ -1,22 +1,46 @@
-"""The environment base class: a gymnasium `Env`, token-in-token-out, async first.
+"""The environment interface: a gymnasium `Env`, token-in-token-out, async first.
 
-An episode is a chat. `reset` returns the prompt; each `step` takes one model turn and
-returns the observation both as chat messages and as the exact token delta to append to the
-token sequence (loss mask 0). Model tokens are never re-tokenized.
-
-Observation: {"messages": tuple of {"role", "content"} dicts, "token_ids": tuple of ints}
-Action: {"text": str, "token_ids": sequence of ints} (the model's completion; `text` may be
-omitted and is then decoded from the tokens). A plain string is accepted too, for people and
-oracles: its tokens are the encoded text plus the end-of-turn token.
-
-A new env subclasses `TextEnv` and fills in five hooks (see docs/environments.md), plus
-`async release()` if it holds per-episode resources:
+An episode is a chat. A new env subclasses `TextEnv` and fills in five hooks, all in text
+(see docs/environments.md), plus `async release()` if it holds per-episode resources:
 
     generate_task(rng) -> Task          seeded synthetic task (used when no task data is given)
     prompt_messages(task) -> messages   the first prompt
     async respond(text) -> Response     the env's answer to one model turn
     oracle() -> str                     the ideal next model turn (for SFT demonstrations)
     rubric: Rubric                      scored once, when the episode ends
+
+Everything in tokens is the episode's (`parity.envs.episode.Episode`, `self.episode`): the
+prompt's tokens, the model's tokens exactly as sampled (never re-tokenized), the
+observations' token deltas, the limits. What `reset` and `step` return:
+
+    reset(seed, options) -> (obs, info)
+      obs["messages"]     tuple of {"role", "content"} dicts: the prompt
+      obs["token_ids"]    tuple of ints: the prompt's tokens, ending in the generation prompt
+      info["task"]        the task dict played
+      info["prompt_tokens"]  len(obs["token_ids"])
+      options: {"task": a task dict} or {"task_index": i}; otherwise a task drawn with the
+      seeded `np_random` (from the task data, or `generate_task`)
+    step(action) -> (obs, reward, terminated, truncated, info)
+      action              {"token_ids": the model's turn, ending in its stop token; "text":
+                          optional, else decoded from the tokens}; a plain string is taken
+                          for people and oracles: its tokens are the encoded text plus EOS
+      obs["messages"]     the env's answer as chat messages; () when the episode ended
+      obs["token_ids"]    the tokens to append after the model's turn: the rest of the chat
+                          template, the answer and the next generation prompt; () when the
+                          episode ended
+      reward              the rubric's reward when the episode ended, else 0.0; 0.0 too
+                          when a failure ended it (such an episode is not scored)
+      terminated          the task is over (`Response.done`), not failed
+      truncated           it ended otherwise: a limit, or a failure
+      info["turn"]        the model turns so far
+      and when the episode ended:
+      info["finish_reason"]      why ("answer", "max_turns", "max_tokens", "timeout", ...)
+      info["num_tokens"]         the sequence's length (prompt + model + observations)
+      info["reward_components"]  every reward function's score by name (weight 0 too)
+      info["reward_errors"]      reward functions that raised or returned non-finite values
+      info["tool_calls"], info["parse_errors"]  those counters of `info["metrics"]`, as ints
+      info["metrics"]            the env's counters (`Response.metrics`) summed over turns
+    `info` is for people and gymnasium code: the runner and the trainer read nothing from it.
 
 An episode that ends for a reason outside the agent is marked failed (`Episode.failure`,
 then `Trajectory.failure`) with its kind; the trainer leaves it out (docs/training.md §2):
@@ -54,38 +78,19 @@ import numpy as np
 from gymnasium import spaces
 
 from parity.envs.data import Task, check_rows, load_tasks
+from parity.envs.episode import Episode, EpisodeLimits, Message
 from parity.envs.render import Renderer
 from parity.envs.rubric import Rubric, RubricScore
-from parity.model.tokenizer import Tokenizer, build_project_tokenizer, load_tokenizer
+from parity.envs.tokenizer import Tokenizer, build_project_tokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
 
-Message = dict[str, str]
 Observation = dict[str, Any]
 T = TypeVar("T")
 
 # The event loop a wrapper chain was entered from; set only in the env's wrapper thread.
 _CALLER_LOOP: contextvars.ContextVar[asyncio.AbstractEventLoop | None] = contextvars.ContextVar(
     "parity_env_caller_loop", default=None)
-
-
-@dataclass(frozen=True)
-class EpisodeLimits:
-    """Per-episode limits. `max_turns`: model turns; `max_tokens`: prompt + model +
-    observation tokens (16K–128K for real models; smaller for tiny ones); `timeout_s`:
-    wall-clock seconds from reset. Hitting any of them truncates the episode; `timeout_s`
-    guards against stalls (a hung sandbox or service, an overloaded engine) and so also
-    marks it failed ("timeout"): the agent's own budget is its turns and tokens, and its
-    code's time is its sandbox's timeout."""
-
-    max_turns: int = 4
-    max_tokens: int = 16384
-    timeout_s: float = 300.0
-
-    def __post_init__(self) -> None:
-        for name in ("max_turns", "max_tokens", "timeout_s"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"EpisodeLimits.{name} must be > 0, got {getattr(self, name)}")
 
 
 @dataclass
@@ -107,41 +112,6 @@ class Response:
     failure: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     sandbox_s: float = 0.0
-
-
-@dataclass
-class Episode:
-    """The state of one episode; reward functions read it.
-
-    `messages` is the whole chat so far, model turns as role "assistant". `num_tokens` is the
-    length of the token sequence (prompt + model + observation tokens). `turn_timings` has
-    per turn `env_s` (all of the env's time, reward included on the last turn) and
-    `sandbox_s`; `reward_s` is the rubric's time. `failure`: None, or the kind of failure
-    outside the agent that ended the episode (the module docstring lists them).
-    """
-
-    task: Task
-    messages: list[Message]
-    num_tokens: int
-    start: float = field(default_factory=time.monotonic)
-    turns: int = 0
-    metrics: dict[str, float] = field(default_factory=dict)
-    turn_timings: list[dict[str, float]] = field(default_factory=list)
-    finish_reason: str = ""
-    failure: str | None = None
-    reward_s: float = 0.0
-
-    @property
-    def last_model_text(self) -> str:
-        return next((m["content"] for m in reversed(self.messages) if m["role"] == "assistant"), "")
-
-    def time_turn(self, start: float, sandbox_s: float) -> None:
-        """Record the env's time for the turn that began at `start` (monotonic seconds)."""
-        self.turn_timings.append({"env_s": time.monotonic() - start, "sandbox_s": sandbox_s})
-
-    def count(self, metrics: Mapping[str, float]) -> None:
-        for k, v in metrics.items():
-            self.metrics[k] = self.metrics.get(k, 0.0) + v
 
 
 class TextSpace(spaces.Space[str]):
@@ -218,8 +188,6 @@ class TextEnv(gym.Env[Observation, Any]):
         self.action_space = spaces.Dict({"text": TextSpace(max_action_chars), "token_ids": tokens})
         self.observation_space = spaces.Dict({"messages": MessagesSpace(), "token_ids": tokens})
         self.episode: Episode | None = None
-        self._done = True
-        self._timings = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wrapper_thread: ThreadPoolExecutor | None = None
 
@@ -254,87 +222,77 @@ class TextEnv(gym.Env[Observation, Any]):
     async def areset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Observation, dict[str, Any]]:
-        """Start an episode. options: {"task": a task dict} or {"task_index": i}, and
-        {"timings": True} for each step's seconds in its info (off by default: gymnasium's
-        checker wants equal infos for equal seeds and actions)."""
+        """Start an episode (the module docstring defines the options and what it returns)."""
         gym.Env.reset(self, seed=seed)
         await self.release()
-        options = options or {}
-        self._timings = bool(options.get("timings"))
-        if "task" in options:
-            task = check_rows([options["task"]], self.required_fields, "options['task']",
-                              self.field_types)[0]
-        elif self.tasks is not None:
-            i = options.get("task_index", int(self.np_random.integers(len(self.tasks))))
-            task = self.tasks[i]
-        else:
-            task = self.generate_task(self.np_random)
+        task = self.draw_task(options or {})
         messages = self.prompt_messages(task)
-        prompt = self.renderer.prompt(messages)
-        self.episode = Episode(task=task, messages=[dict(m) for m in messages], num_tokens=len(prompt))
-        self._done = False
-        obs = {"messages": tuple(dict(m) for m in messages), "token_ids": tuple(prompt)}
-        return obs, {"task": dict(task), "prompt_tokens": len(prompt)}
+        ep = self.episode = Episode(task, messages, self.renderer, self.limits, self.max_action_chars)
+        obs = {"messages": tuple(dict(m) for m in messages), "token_ids": tuple(ep.tokens)}
+        return obs, {"task": dict(task), "prompt_tokens": ep.num_tokens}
+
+    def draw_task(self, options: Mapping[str, Any]) -> Task:
+        """The task of an episode reset with `options` (the module docstring defines them),
+        drawn with the seeded `np_random` when they name none."""
+        if "task" in options:
+            return check_rows([options["task"]], self.required_fields, "options['task']",
+                              self.field_types)[0]
+        if self.tasks is not None:
+            return self.tasks[options.get("task_index", int(self.np_random.integers(len(self.tasks))))]
+        return self.generate_task(self.np_random)
 
     async def astep(self, action: Any) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
         """One model turn. Never raises on bad actions or env failures: a bad action ends the
         turn with an error observation; a failure outside the agent ends the episode, failed
         (`Episode.failure`) and unscored (reward 0 that the trainer does not use)."""
         ep = self.episode
-        if ep is None or self._done:
+        if ep is None or ep.done:
             raise RuntimeError("step() called on a finished episode; call reset() first")
         t0 = time.monotonic()
-        text, ids = self._read_action(action)
-        ep.turns += 1
-        ep.num_tokens += len(ids)
-        ep.messages.append({"role": "assistant", "content": text})
+        text = ep.act(action)
         resp: Response | None = None
         delta: list[int] = []
-        remaining = self.limits.timeout_s - (t0 - ep.start)
-        reason = ""
+        reason, failure = "", None
         try:
-            if remaining <= 0:
-                reason = ep.failure = "timeout"
+            left = ep.seconds_left(t0)
+            if left <= 0:
+                reason = failure = "timeout"
             else:
-                resp = await asyncio.wait_for(self.respond(text), timeout=remaining)
+                resp = await asyncio.wait_for(self.respond(text), timeout=left)
                 ep.count(resp.metrics)
                 if resp.failure is not None:
-                    reason, ep.failure = resp.reason, resp.failure
+                    reason, failure = resp.reason, resp.failure
                 elif resp.done:
                     reason = resp.reason
                 else:
-                    delta = self.renderer.observation_delta(resp.messages, ids)
+                    delta = ep.observation_delta(resp.messages)
         except TimeoutError:
-            reason = ep.failure = "timeout"
+            reason = failure = "timeout"
         except Exception:  # an env bug must not take the rollout worker down
             log.exception("env %s failed on turn %d", type(self).__name__, ep.turns)
-            reason = ep.failure = "env_error"
-        terminated = resp is not None and resp.done and ep.failure is None
-        if not reason:
-            if ep.turns >= self.limits.max_turns:
-                reason = "max_turns"
-            elif ep.num_tokens + len(delta) >= self.limits.max_tokens:
-                reason = "max_tokens"  # no room left for the model's next turn
+            reason = failure = "env_error"
+        terminated = resp is not None and resp.done and failure is None
+        reason = reason or ep.limit_reached(len(delta))
+        sandbox_s = resp.sandbox_s if resp else 0.0
         if not reason:
             assert resp is not None
-            ep.messages += [dict(m) for m in resp.messages]
-            ep.num_tokens += len(delta)
-            ep.time_turn(t0, resp.sandbox_s)
+            ep.observe(resp.messages, delta)
+            ep.time_turn(t0, sandbox_s)
             obs = {"messages": tuple(dict(m) for m in resp.messages), "token_ids": tuple(delta)}
-            return obs, 0.0, False, False, self._turn_info(ep, text)
-        self._done = True
-        ep.finish_reason = reason
+            return obs, 0.0, False, False, {"turn": ep.turns}
+        ep.end(reason, failure)
         t1 = time.monotonic()
         # a failed episode is not scored: its reward would not be the agent's, and reward
         # functions may need what failed
         score = RubricScore(0.0) if ep.failure else await self.rubric.score(ep)
         if score.counted_errors and ep.failure is None:
             ep.failure = "reward_error"
+        ep.reward_components = dict(score.components)
         ep.reward_s = time.monotonic() - t1
         await self.release()  # e.g. a pooled sandbox goes back as soon as the episode ends
-        ep.time_turn(t0, resp.sandbox_s if resp else 0.0)
+        ep.time_turn(t0, sandbox_s)
         info = {
-            **self._turn_info(ep, text),
+            "turn": ep.turns,
             "finish_reason": reason,
             "num_tokens": ep.num_tokens,
             "reward_components": dict(score.components),
@@ -343,10 +301,7 @@ class TextEnv(gym.Env[Observation, Any]):
             "parse_errors": int(ep.metrics.get("parse_errors", 0)),
             "metrics": dict(ep.metrics),
         }
-        if self._timings:
-            info["timings"]["reward_s"] = ep.reward_s
-        obs = {"messages": (), "token_ids": ()}
-        return obs, float(score.reward), terminated, not terminated, info
+        return {"messages": (), "token_ids": ()}, float(score.reward), terminated, not terminated, info
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
@@ -388,19 +343,11 @@ class TextEnv(gym.Env[Observation, Any]):
 
     def oracle_action(self) -> str:
         """The oracle's next model turn for the current episode."""
-        if self.episode is None or self._done:
+        if self.episode is None or self.episode.done:
             raise RuntimeError("oracle_action() needs a running episode; call reset() first")
         return self.oracle()
 
     # ---- helpers --------------------------------------------------------------------------
-
-    def _turn_info(self, ep: Episode, text: str) -> dict[str, Any]:
-        """What every step's info holds: the turn's number, the model's turn as the env read
-        it (`text`: the chat message), and with the `timings` reset option its seconds."""
-        info: dict[str, Any] = {"turn": ep.turns, "text": text}
-        if self._timings:
-            info["timings"] = dict(ep.turn_timings[-1])
-        return info
 
     def _run(self, coro: Any) -> Any:
         caller = _CALLER_LOOP.get()
@@ -414,26 +361,3 @@ class TextEnv(gym.Env[Observation, Any]):
             return self._loop.run_until_complete(coro)
         coro.close()
         raise RuntimeError("reset()/step() inside a running event loop; await areset()/astep()")
-
-    def _read_action(self, action: Any) -> tuple[str, list[int]]:
-        """(text, token ids) of a model turn; anything malformed becomes empty, never raises."""
-        tok = self.tokenizer
-        if isinstance(action, str):
-            return action[: self.max_action_chars], [*tok.encode(action), tok.eos_token_id]
-        if isinstance(action, Mapping):
-            text, raw_ids = action.get("text"), action.get("token_ids")
-        else:
-            text, raw_ids = getattr(action, "text", None), getattr(action, "token_ids", None)
-        try:
-            ids = [int(i) for i in raw_ids] if raw_ids is not None else []
-        except (TypeError, ValueError):
-            ids = []
-        if not isinstance(text, str):
-            end = len(ids) - 1 if ids and ids[-1] in tok.stop_token_ids else len(ids)
-            text = tok.decode(ids[:end])
-        for stop in tok.stop_token_ids:  # the end-of-turn token is not part of the content
-            s = tok.decode([stop])
-            if s and text.endswith(s):
-                text = text[: -len(s)]
-                break
-        return text[: self.max_action_chars], ids

@@ -17,8 +17,9 @@ from typing import Any
 import numpy as np
 
 from parity.envs.answers import last_boxed
-from parity.envs.core import Episode, EpisodeLimits, Message, Response, TextEnv
+from parity.envs.core import Response, TextEnv
 from parity.envs.data import Task
+from parity.envs.episode import Episode, EpisodeLimits, Message
 from parity.envs.rubric import Criterion, Rubric
 from parity.envs.verifier import MathVerifier, Verdict, default_verifier
 

@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+ORACLE_REWARD = 1.0  # what an env's oracle episode must score: the top reward
+
 
 class EnvPreflightError(RuntimeError):
     """The env's oracle episode did not reach its expected reward on this machine."""
@@ -50,11 +52,6 @@ class OracleReport:
                 f"(expected {self.expected:g}, finish reason {self.finish_reason!r}){said}")
 
 
-def expected_reward(env: Any) -> float:
-    """What an env's oracle must score: its `oracle_reward` attribute, else 1.0."""
-    return float(getattr(env.unwrapped, "oracle_reward", 1.0))
-
-
 def oracle_episode(env: Any, seed: int = 0, env_id: str = "") -> OracleReport:
     """Play one episode with the env's oracle: through the token-level runner for a TextEnv,
     through plain step() for any other env with `oracle_action()`."""
@@ -62,10 +59,10 @@ def oracle_episode(env: Any, seed: int = 0, env_id: str = "") -> OracleReport:
     from parity.envs.runner import oracle_generate, run_episode
 
     env_id = env_id or type(env.unwrapped).__name__
-    expected = expected_reward(env)
+    expected = ORACLE_REWARD
     if isinstance(env.unwrapped, TextEnv):
         traj = asyncio.run(run_episode(env, oracle_generate(env), seed=seed))
-        said = _env_said(traj.info.get("messages", []))
+        said = _env_said(traj.messages)
         return OracleReport(env_id, traj.reward, expected, traj.num_turns, traj.finish_reason, said,
                             traj.failure)
     if not hasattr(env.unwrapped, "oracle_action"):

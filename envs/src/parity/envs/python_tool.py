@@ -29,8 +29,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from parity.envs.answers import head_tail, same_answer
-from parity.envs.core import Episode, EpisodeLimits, Message, Response, TextEnv
+from parity.envs.core import Response, TextEnv
 from parity.envs.data import Task
+from parity.envs.episode import Episode, EpisodeLimits, Message
 from parity.envs.rubric import Criterion, Rubric
 from parity.envs.tools import ToolCall, extract_tag, make_parser
 

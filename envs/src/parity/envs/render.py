@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from parity.model.tokenizer import Tokenizer
+from parity.envs.tokenizer import Tokenizer
 
 _SENTINEL = "\x00parity-sentinel\x00"
 _BASE = ({"role": "user", "content": "u"}, {"role": "assistant", "content": _SENTINEL})
@@ -40,9 +40,12 @@ class Renderer:
         # What the template writes after an assistant message's content, e.g. "<|im_end|>\n".
         self.after_assistant = self._base_text[at + len(_SENTINEL):]
 
-    def prompt(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
-        """Tokens of the first prompt, ending with the generation prompt for the model."""
-        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    def prompt(self, messages: Sequence[Mapping[str, Any]],
+               tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
+        """Tokens of the first prompt, ending with the generation prompt for the model; with
+        `tools` shown as the template shows them (observation deltas assume it does so
+        before the first assistant turn, as Qwen's and Hermes' templates do)."""
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tools=tools)
 
     def closing(self, model_token_ids: Sequence[int]) -> str:
         """Template text still missing after a model turn that ended with `model_token_ids`."""

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from parity.envs.core import Episode
+    from parity.envs.episode import Episode
 
 log = logging.getLogger(__name__)
 

@@ -23,17 +23,17 @@ if TYPE_CHECKING:
 
 def parity_model_io(dtype: torch.dtype) -> ModelIO:
     """parity.model's decoder computing in `dtype`, its weights held as fp32 masters."""
-    from parity.model import load_model, save_model, token_logprobs
+    from parity.model import load_model, packed_logprobs, save_model
 
     return ModelIO(load=lambda d, kernels: load_model(d, kernels=kernels, dtype=dtype,
                                                       master_weights=True),
-                   save=lambda m, d: save_model(m, d), logprobs=token_logprobs)
+                   save=lambda m, d: save_model(m, d), logprobs=packed_logprobs)
 
 
 def run_dtype(cfg: TrainConfig) -> torch.dtype:
     """`model.dtype` resolved against the run's model directory (DtypeError names the
     setting when the checkpoint, the build or the CPU cannot honour it)."""
-    from parity.model.dtypes import resolve_dtype
+    from parity.model.io import resolve_dtype
 
     return resolve_dtype(cfg.model.dtype, resolve_model_dir(cfg))
 
@@ -194,12 +194,8 @@ def vllm_backend(cfg: TrainConfig) -> Backend:
     model_dir = resolve_model_dir(cfg)
     dtype = run_dtype(cfg)
     sized = engine_config(cfg, check_model_dir(model_dir), dtype)
-    v = cfg.vllm
-    settings = VllmSettings(python=v.python, start_timeout_s=v.start_timeout_s,
-                            request_timeout_s=v.request_timeout_s, kv_cache_gib=v.kv_cache_gib,
-                            max_model_len=sized.max_model_len, max_num_seqs=v.max_num_seqs,
-                            enforce_eager=v.enforce_eager, num_threads=torch.get_num_threads(),
-                            seed=cfg.train.seed, batch_invariant=v.batch_invariant,
+    settings = VllmSettings(**cfg.vllm.model_dump(), max_model_len=sized.max_model_len,
+                            num_threads=torch.get_num_threads(), seed=cfg.train.seed,
                             dtype=dtype_name(dtype), aligned=cfg.rollout.engine == "vllm-aligned")
     return VllmBackend(model_dir, settings)
 

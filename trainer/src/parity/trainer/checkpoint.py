@@ -1,10 +1,11 @@
-"""Atomic checkpoints: a step's model, optimizer, RNG, data cursor, version and queue.
+"""Atomic checkpoints: a step's model, optimizer, learner state, and the driver's state.
 
     checkpoints/step_000010/
         model/          HF safetensors dir (config.json + *.safetensors)
         optimizer.pt    AdamW state
-        state.pt        version, data cursor, RNG states, counters
-        queue.pt        finished, not yet consumed rollout groups
+        state.pt        the learner's state: version, RNG states, skipped updates
+        driver.pt       the driver's: group cursor, drops, finished groups not yet
+                        consumed (the queue), counters (parity.trainer.driver_state)
     checkpoints/latest  name of the newest complete checkpoint
 
 A checkpoint is written under a temporary name and renamed into place, then `latest` is
@@ -26,6 +27,8 @@ from typing import Any
 
 import torch
 
+from parity.trainer.driver_state import DriverState
+
 
 class CheckpointError(RuntimeError):
     """A checkpoint could not be written; the previous one is intact."""
@@ -33,13 +36,13 @@ class CheckpointError(RuntimeError):
 
 @dataclass
 class Checkpoint:
-    """A loaded checkpoint. `state` holds `version`, `cursor` (next group index to start),
-    `rng` and `counters`; `queue` the saved groups (lists of Trajectory)."""
+    """A loaded checkpoint: the optimizer's state dict, the learner's state
+    (`Learner.state`: `version`, `skipped_nonfinite`, `rng`) and the driver's."""
 
     path: Path
     optimizer: dict[str, Any]
-    state: dict[str, Any]
-    queue: list[Any]
+    learner: dict[str, Any]
+    driver: DriverState
 
     @property
     def model_dir(self) -> Path:
@@ -47,7 +50,7 @@ class Checkpoint:
 
 
 def save_checkpoint(root: Path, step: int, *, write_model: Callable[[Path], None],
-                    optimizer: dict[str, Any], state: dict[str, Any], queue: list[Any],
+                    optimizer: dict[str, Any], learner: dict[str, Any], driver: DriverState,
                     keep: int) -> Path:
     """Write checkpoint `step` under `root` atomically; keep the newest `keep`."""
     name = f"step_{step:06d}"
@@ -57,7 +60,8 @@ def save_checkpoint(root: Path, step: int, *, write_model: Callable[[Path], None
     try:
         tmp.mkdir(parents=True)
         write_model(tmp / "model")
-        for file, obj in (("optimizer.pt", optimizer), ("state.pt", state), ("queue.pt", queue)):
+        for file, obj in (("optimizer.pt", optimizer), ("state.pt", learner),
+                          ("driver.pt", driver)):
             buf = io.BytesIO()  # serialised first, so a full disk is an OSError, not torch's
             torch.save(obj, buf)
             (tmp / file).write_bytes(buf.getbuffer())
@@ -117,12 +121,19 @@ def latest_checkpoint(root: Path) -> Path | None:
 
 
 def load_checkpoint(path: Path) -> Checkpoint:
-    # queue.pt holds Trajectory dataclasses; only load checkpoints you wrote.
+    """The checkpoint at `path`; CheckpointError for one an earlier parity wrote (its driver
+    state was in state.pt and queue.pt, with trajectories of another layout)."""
+    if (path / "queue.pt").is_file() and not (path / "driver.pt").is_file():
+        raise CheckpointError(
+            f"{path} was written by an earlier version of parity (queue.pt, no driver.pt) and "
+            f"cannot be resumed by this one; its model is intact: start a new run from it with "
+            f"--set model.path={path / 'model'}")
+    # driver.pt holds Trajectory dataclasses; only load checkpoints you wrote.
     return Checkpoint(
         path=path,
         optimizer=torch.load(path / "optimizer.pt", weights_only=False),
-        state=torch.load(path / "state.pt", weights_only=False),
-        queue=torch.load(path / "queue.pt", weights_only=False),
+        learner=torch.load(path / "state.pt", weights_only=False),
+        driver=torch.load(path / "driver.pt", weights_only=False),
     )
 
 

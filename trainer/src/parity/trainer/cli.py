@@ -11,6 +11,7 @@ import typer
 
 from parity.core.memory import keep_freed_memory
 from parity.engine.cli import bench_engine
+from parity.envs.agent.bench import bench_agent
 from parity.envs.cli import app as envs_app
 from parity.envs.desktop.cli import bench_desktop
 from parity.model import blas
@@ -38,6 +39,7 @@ bench_app.command("engine")(bench_engine)
 bench_app.command("sandbox")(bench_sandbox)
 bench_app.command("async")(bench_async)
 bench_app.command("desktop")(bench_desktop)
+bench_app.command("agent")(bench_agent)
 app.add_typer(bench_app, name="bench")
 model_app = typer.Typer(help="Model directories.", no_args_is_help=True)
 model_app.command("convert")(convert_model)

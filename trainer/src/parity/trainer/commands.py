@@ -36,7 +36,8 @@ def train(
     it can resume from."""
     from parity.core.config import ConfigError
     from parity.trainer.rundir import clear_run, describe_run, holds_run
-    from parity.trainer.train import RunDirError, RunFinished, load_for_cli, run_training
+    from parity.trainer.train import RunFinished, run_training
+    from parity.trainer.train_cli import RunDirError, load_for_cli
 
     try:
         cfg, run_dir = load_for_cli(config, set_ or [], out, resume, ray_address, force)
@@ -150,7 +151,7 @@ def audit(
     standard, differences in every model; --engine vllm-aligned, bit-identical in the 5
     scenarios a vLLM server can run; --engine vllm, a conclusive measurement of them. Exit 1
     otherwise, 2 on bad input."""
-    from parity.engine.audit import audit_models
+    from parity.engine.audit_report import audit_models
     from parity.engine.cli import audit_targets, render_audit
     from parity.engine.vllm import VllmEnvError, VllmError
     from parity.model import ModelConfigError, WeightsError

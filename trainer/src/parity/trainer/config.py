@@ -11,6 +11,8 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from parity.core.config import StrictModel, load_config
+from parity.engine.config import EngineLimits
+from parity.engine.vllm.settings import VllmOptions
 from parity.trainer.embedded import EMBEDDED_ENV
 
 
@@ -93,35 +95,19 @@ class LearnerSection(ActorPlacement):
     num_gpus: float = Field(0.0, ge=0)
 
 
-class EngineSection(StrictModel):
-    """Each rollout worker's engine (parity.engine.EngineConfig). Left empty, the context and
-    the KV pool are sized from the episodes: `max_model_len` is the episode token limit
-    (`env.kwargs.limits.max_tokens`, else EpisodeLimits' default) capped at the model's
-    max_position_embeddings, and the pool holds every episode a worker runs at once
-    (rollout.group_size x rollout.max_groups_in_flight, at most max_seqs) at that length."""
+class EngineSection(EngineLimits):
+    """Each rollout worker's engine: the engine's own limits (parity.engine.config), its KV
+    pool sized by the run. Left empty, the context and the KV pool are sized from the
+    episodes: `max_model_len` is the episode token limit (`env.kwargs.limits.max_tokens`,
+    else EpisodeLimits' default) capped at the model's max_position_embeddings, and the pool
+    holds every episode a worker runs at once (rollout.group_size x
+    rollout.max_groups_in_flight, at most max_seqs) at that length."""
 
     kv_blocks: int | None = Field(None, ge=1, description="KV-cache blocks of block_size "
                                   "tokens; empty: sized from the episodes (or kv_memory_gib)")
     kv_memory_gib: float | None = Field(None, gt=0, description="size the KV pool by memory "
                                         "instead (GiB, converted with the model's layers, KV "
                                         "heads, head dim and dtype)")
-    block_size: Literal[1, 2, 4, 8, 16, 32, 64] = Field(16, description="tokens per KV block "
-                                                        "(divides the attention tile, 64)")
-    max_batch_tokens: int = Field(2048, ge=1, description="new tokens one forward call may "
-                                  "process (decode rows + prefill chunks)")
-    max_seqs: int = Field(256, ge=1, description="sequences holding KV blocks at once")
-    max_model_len: int | None = Field(None, ge=2, description="longest sequence (prompt + "
-                                      "generated); empty: the episode token limit, capped "
-                                      "at the model's max_position_embeddings")
-    max_attention_scores: int = Field(2**26, ge=1, description="attention score elements one "
-                                      "prefill chunk may materialise (bounds long prompts' "
-                                      "memory)")
-    prefix_caching: bool = Field(True, description="reuse the K/V of full blocks whose whole "
-                                 "prefix matches (earlier turns, a group's shared prompt)")
-    dense_kv_mib: int = Field(1024, ge=0, description="memory (MiB) for the running batch's "
-                              "K/V kept dense between steps, so decode writes each new row "
-                              "instead of gathering every sequence's keys again; a batch "
-                              "that needs more gathers at every step; 0: off")
 
     @model_validator(mode="after")
     def _one_size(self) -> EngineSection:
@@ -146,25 +132,6 @@ class EngineSection(StrictModel):
                              f"fewer than one episode of {max_len} (engine.max_model_len, else "
                              f"env.kwargs.limits.max_tokens)")
         return self.model_copy(update={"kv_blocks": blocks, "kv_memory_gib": None, "max_model_len": max_len})
-
-
-class VllmSection(StrictModel):
-    """vLLM rollout workers (`rollout.engine = "vllm"` or `"vllm-aligned"`;
-    parity.engine.vllm.VllmSettings).
-    The context is the `[engine]` section's max_model_len, sized the same way."""
-
-    python: str = Field("", description="interpreter of vLLM's environment; empty: "
-                        "$PARITY_VLLM_PYTHON, else the one scripts/build_vllm_env.sh builds")
-    start_timeout_s: float = Field(600.0, gt=0, description="the server must answer within "
-                                   "this after it starts")
-    request_timeout_s: float = Field(600.0, gt=0, description="every generation request and "
-                                     "weight update must be answered within this")
-    kv_cache_gib: int = Field(1, ge=1, description="KV cache per worker (VLLM_CPU_KVCACHE_SPACE)")
-    max_num_seqs: int = Field(256, ge=1, description="sequences vLLM runs at once")
-    enforce_eager: bool = Field(True, description="no torch.compile (starts in seconds)")
-    batch_invariant: bool = Field(False, description="VLLM_BATCH_INVARIANT=1: vLLM's "
-                                  "batch-invariant kernels (GPU only: refused on vLLM's CPU "
-                                  "build; see docs/vllm.md)")
 
 
 class LossSection(StrictModel):
@@ -200,7 +167,7 @@ class OptimSection(StrictModel):
     schedule: Literal["constant", "linear", "cosine"] = "constant"
     warmup_steps: int = Field(0, ge=0)
     min_lr_ratio: float = Field(0.0, ge=0, le=1)
-    micro_batch_tokens: int = Field(8192, ge=1, description="gradient accumulation: padded "
+    micro_batch_tokens: int = Field(8192, ge=1, description="gradient accumulation: real "
                                     "tokens per micro-batch (one sequence always fits)")
     max_update_kl: float | None = Field(None, ge=0, description="a trust region on each "
                                         "update: when it moved the policy by more than this "
@@ -231,10 +198,8 @@ class TrainSection(StrictModel):
     mismatch_share: float = Field(0.25, gt=0, le=1, description="share of the sequences "
                                   "with tokens of older versions that the D3 split recomputes "
                                   "under those versions (one extra forward each; is/d3_share "
-                                  "reports it); 1: all. A quarter: the split takes about 7% "
-                                  "of the async learner's time instead of 17% on the "
-                                  "default job, where the learner is the bound; is/d3_mismatch "
-                                  "is measured on the sample (docs/benchmarks-async.md)")
+                                  "reports it); 1: all. is/d3_mismatch is measured on the "
+                                  "sample (docs/training.md §1)")
     track_update_kl: bool = Field(False, description="after each update, one more forward "
                                   "of its batch under the new weights: kl/update, how far the "
                                   "update moved the policy on the tokens it trained on")
@@ -294,7 +259,9 @@ class TrainConfig(StrictModel):
     rollout: RolloutSection = Field(default_factory=RolloutSection)
     learner: LearnerSection = Field(default_factory=LearnerSection)
     engine: EngineSection = Field(default_factory=EngineSection)
-    vllm: VllmSection = Field(default_factory=VllmSection)
+    vllm: VllmOptions = Field(default_factory=VllmOptions, description="vLLM rollout workers "
+                              "(rollout.engine = \"vllm\" or \"vllm-aligned\"); their context is "
+                              "the [engine] section's max_model_len, sized the same way")
     loss: LossSection = Field(default_factory=LossSection)
     optim: OptimSection = Field(default_factory=OptimSection)
     train: TrainSection = Field(default_factory=TrainSection)
@@ -307,6 +274,15 @@ class TrainConfig(StrictModel):
         return 0 if self.train.mode == "sync" else self.train.max_lag
 
     @property
+    def max_update_kl(self) -> float:
+        """The trust region's bound in effect: optim.max_update_kl, unset: 0.1 when updates
+        may lag (async), 0 (off) when they do not. Resolved here at use, not stored: a saved
+        config keeps it unset, so a run resumed in the other mode gets that mode's bound."""
+        if self.optim.max_update_kl is not None:
+            return self.optim.max_update_kl
+        return 0.1 if self.max_lag else 0.0
+
+    @property
     def episodes_in_flight(self) -> int:
         """Episodes one rollout worker runs at once (each a sequence in its engine)."""
         return self.rollout.group_size * self.rollout.max_groups_in_flight
@@ -316,7 +292,7 @@ class TrainConfig(StrictModel):
         """The episode token limit as the config states it: `env.kwargs.limits.max_tokens`,
         else EpisodeLimits'. An env's own longer default is read from the env itself when the
         engine is sized (`backends.episode_tokens`)."""
-        from parity.envs.core import EpisodeLimits  # gymnasium: loaded only when asked
+        from parity.envs.episode import EpisodeLimits  # the tokenizer: loaded only when asked
 
         return int((self.env.kwargs.get("limits") or {}).get("max_tokens", EpisodeLimits.max_tokens))
 

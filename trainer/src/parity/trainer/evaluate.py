@@ -19,9 +19,9 @@ HELD_OUT_SEED = 1_000_000  # task seeds from here on are never used for training
 
 
 def pass_rate(trajs: Sequence[Trajectory]) -> float:
-    """The fraction of episodes that passed: the env's `info["passed"]` where it says, else
-    a positive reward."""
-    return sum(bool(t.info.get("passed", t.reward > 0)) for t in trajs) / len(trajs)
+    """The fraction of episodes whose reward is > 0, out of all of them: a failed episode
+    (`Trajectory.failure`, unscored, reward 0) counts as not passed."""
+    return sum(t.reward > 0 for t in trajs) / len(trajs)
 
 
 def model_dir_of(checkpoint: Path) -> Path:

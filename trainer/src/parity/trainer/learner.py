@@ -2,9 +2,10 @@
 token budget, AdamW with clipping and an LR schedule, the IS statistics, and the recent
 versions' weights that split D3 into numerical mismatch and policy lag.
 
-Alignment of the flat trajectory with the model's logprobs: `token_logprobs(model, tokens)`
-returns lp[:, t] = log π(tokens[t+1] | tokens[:t+1]), so the learner uses
-μ = logprobs[1:], mask = loss_mask[1:], versions = versions[1:] (`parity.model.batch`).
+The batch is packed once (`parity.model.batch`): the model reads each micro-batch's real
+tokens back to back, and its logprobs lp[t] = log π(x[t+1] | x[:t+1]) are laid once into
+the rows of the logprob positions, where μ = logprobs[1:], mask = loss_mask[1:] and
+versions = versions[1:].
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ from parity.trainer.is_stats import (
 )
 from parity.trainer.loss import group_advantages, lr_at, reinforce_zero_loss, vcpo_lr_scale
 
-LogprobFn = Callable[..., Tensor]  # (model, tokens[B,T], temperature=, lengths=[, chunk_size=])
-#                                    -> [B, T-1]
+LogprobFn = Callable[..., Tensor]  # (model, tokens [N] packed, lengths: list[int],
+#                                    temperature=, chunk_size=) -> [N - B] packed
 
 
 @dataclass
@@ -56,7 +57,7 @@ class Batch(TokenBatch):
 
 
 def collate(groups: list[list[Trajectory]]) -> Batch:
-    """Pad the responses of `groups` (one list per prompt) into one batch."""
+    """Pack the responses of `groups` (one list per prompt) into one batch."""
     trajs = [t for g in groups for t in g]
     return Batch(
         **vars(collate_trajectories(trajs)),
@@ -66,17 +67,17 @@ def collate(groups: list[list[Trajectory]]) -> Batch:
 
 
 def micro_batches(lengths: Tensor, budget: int) -> list[list[int]]:
-    """Consecutive index runs whose padded size (count × longest) stays ≤ `budget` tokens;
-    a sequence longer than the budget gets a micro-batch of its own."""
+    """Consecutive index runs whose real tokens (Σ lengths) stay ≤ `budget`; a sequence
+    longer than the budget gets a micro-batch of its own."""
     out: list[list[int]] = []
     cur: list[int] = []
-    longest = 0
+    size = 0
     for i, n in enumerate(lengths.tolist()):
-        if cur and (len(cur) + 1) * max(longest, n) > budget:
+        if cur and size + n > budget:
             out.append(cur)
-            cur, longest = [], 0
+            cur, size = [], 0
         cur.append(i)
-        longest = max(longest, n)
+        size += n
     if cur:
         out.append(cur)
     return out
@@ -97,9 +98,7 @@ class LearnerSettings:
 
     @classmethod
     def of(cls, cfg: TrainConfig) -> LearnerSettings:
-        optim = cfg.optim
-        if optim.max_update_kl is None:  # a trust region in async (OptimSection.max_update_kl)
-            optim = optim.model_copy(update={"max_update_kl": 0.1 if cfg.max_lag else 0.0})
+        optim = cfg.optim.model_copy(update={"max_update_kl": cfg.max_update_kl})  # in effect
         return cls(cfg.loss, optim, cfg.rollout.temperature, cfg.train.steps, cfg.max_lag,
                    cfg.train.track_mismatch, cfg.train.mismatch_share, cfg.train.track_update_kl)
 
@@ -131,16 +130,19 @@ class Learner:
         dtype = getattr(self.model, "compute_dtype", None)
         return {k: v.detach().to("cpu", dtype=dtype, copy=True) for k, v in self.model.state_dict().items()}
 
+    def current_weights(self) -> dict[str, Tensor]:
+        """The current version's `weights()`, the copy the D3 history keeps: what publishing
+        hands out, without copying again. Shared: never to be mutated (history entries are
+        only replaced or dropped)."""
+        return self.history[self.version]
+
     def _logprobs(self, model: nn.Module, b: Batch, idx: list[int]) -> Tensor:
-        temp = self.cfg.temperature
-        chunk = self.cfg.optim.chunk_tokens
-        if chunk:  # long episodes: one unpadded sequence at a time, in chunks
-            rows = [self.logprob_fn(model, b.tokens[i : i + 1, : int(b.lengths[i])],
-                                    temperature=temp, chunk_size=chunk) for i in idx]
-            return torch.cat([_pad_to(r, b.mu.shape[1]) for r in rows])
-        T = int(b.lengths[idx].max())
-        lp = self.logprob_fn(model, b.tokens[idx, :T], temperature=temp, lengths=b.lengths[idx])
-        return _pad_to(lp, b.mu.shape[1])
+        """`model`'s logprobs of sequences `idx`, one packed forward (each sequence in
+        chunks with optim.chunk_tokens), in their rows [len(idx), W]."""
+        tokens, lengths = b.packed(idx)
+        lp = self.logprob_fn(model, tokens, lengths, temperature=self.cfg.temperature,
+                             chunk_size=self.cfg.optim.chunk_tokens)
+        return b.rows(lp, idx)
 
     def train_step(self, groups: list[list[Trajectory]]) -> dict[str, float]:
         """One update on complete groups; returns the step's learner metrics."""
@@ -337,9 +339,3 @@ class Learner:
         random.setstate(state["rng"]["python"])
         self.opt.load_state_dict(optimizer)
         self.history = {self.version: self.weights()}
-
-
-def _pad_to(lp: Tensor, width: int) -> Tensor:
-    if lp.shape[1] == width:
-        return lp
-    return torch.nn.functional.pad(lp, (0, width - lp.shape[1]))

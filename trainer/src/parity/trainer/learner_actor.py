@@ -14,6 +14,7 @@ from parity.core.timing import CHECKPOINTING, PUBLISHING, Span
 from parity.core.types import Trajectory
 from parity.trainer.checkpoint import Checkpoint, save_checkpoint
 from parity.trainer.config import TrainConfig
+from parity.trainer.driver_state import DriverState
 from parity.trainer.learner import Learner, LearnerSettings, LogprobFn
 from parity.trainer.nodes import place_process
 
@@ -60,7 +61,7 @@ class LearnerActor:
         return here()
 
     def restore(self, ckpt: Checkpoint) -> int:
-        self.learner.load_state(ckpt.state["learner"], ckpt.optimizer)
+        self.learner.load_state(ckpt.learner, ckpt.optimizer)
         return self.learner.version
 
     def train_step(self, groups: list[list[Trajectory]]) -> tuple[dict[str, float], list[Span]]:
@@ -78,11 +79,12 @@ class LearnerActor:
 
         t0 = time.time()
         with self.learner.clock.during(PUBLISHING):
-            ref = ray.put(self.learner.weights())
+            ref = ray.put(self.learner.current_weights())
         return [ref], self.learner.version, time.time() - t0
 
-    def checkpoint(self, root: str, step: int, driver: dict[str, Any], queue: dict[int, Any],
-                   keep: int) -> str:
+    def checkpoint(self, root: str, step: int, driver: DriverState, keep: int) -> str:
+        """Write checkpoint `step` under `root`: this learner's model, optimizer and state,
+        and the driver's `driver`; keep the newest `keep`. Returns its path."""
         def write_model(d: Path) -> None:
             self.io.save(self.learner.model, d)
             for f in self.model_dir.iterdir():  # a checkpoint is a complete model dir
@@ -93,6 +95,5 @@ class LearnerActor:
             path = save_checkpoint(
                 Path(root), step, write_model=write_model,
                 optimizer=self.learner.opt.state_dict(),
-                state={"learner": self.learner.state(), "driver": driver}, queue=[queue],
-                keep=keep)
+                learner=self.learner.state(), driver=driver, keep=keep)
         return str(path)

@@ -1,7 +1,8 @@
 """A rollout worker: a generation backend (the engine) plus an episode function (env
 runner + sandbox pool), running groups of episodes concurrently on the newest weights.
 
-The worker is a plain class; the orchestrator makes it a Ray actor. It is generic over
+The worker is a plain class; the fleet (parity.trainer.fleet) makes it a Ray actor. It is
+generic over
   * `Backend`: anything with `version`, `async agenerate(prompt_ids, sampling) -> Completion`
     and `update_weights(state_dict, version)`, plain or async (the parity engine by default;
     parity.engine.vllm's with `rollout.engine = "vllm"`);
@@ -48,9 +49,6 @@ EpisodeFactory = Callable[[TrainConfig], EpisodeFn]
 class GroupResult:
     """One prompt's G finished episodes, plus the worker's spans since its last report."""
 
-    index: int
-    worker: int
-    start_version: int
     trajectories: list[Trajectory]
     spans: list[Span] = field(default_factory=list)
 
@@ -120,13 +118,12 @@ class RolloutWorker:
     async def run_group(self, index: int) -> GroupResult:
         """Run the G episodes of group `index` (task seed = task_seed + index)."""
         await self._no_update_pending.wait()
-        start_version = self.backend.version
         task_seed = self.cfg.task_seed + index
         with self._dies_with_backend():
             trajs = await asyncio.gather(*(
                 self._episode(index, task_seed, m) for m in range(self.cfg.group_size)
             ))
-        return GroupResult(index, self.id, start_version, list(trajs), self.timeline.drain())
+        return GroupResult(list(trajs), self.timeline.drain())
 
     async def _episode(self, index: int, task_seed: int, member: int) -> Trajectory:
         self._enter()
@@ -159,17 +156,17 @@ class RolloutWorker:
                turn=state["turn"] - 1)
         tl.add(f"episode {eid}", "episode", t_start, t_end - t_start, episode=eid,
                reward=traj.reward, turns=traj.num_turns)
-        # the env measured its sandbox time per turn; placed at the start of that env step
-        for t, timing in enumerate(traj.info.get("turn_timings", [])[:len(env_starts)]):
-            if timing.get("sandbox_s"):
-                tl.add("sandbox", "sandbox", env_starts[t], timing["sandbox_s"], episode=eid,
-                       turn=t)
+        # the env measured its sandbox time per turn (a duration); placed at the start of
+        # that env step on the timeline's clock
+        for t, timing in enumerate(traj.turn_timings[:len(env_starts)]):
+            if timing.sandbox_s:
+                tl.add("sandbox", "sandbox", env_starts[t], timing.sandbox_s, episode=eid, turn=t)
         return traj
 
     @contextlib.contextmanager
     def _dies_with_backend(self) -> Iterator[None]:
         """A backend whose own process died (a vLLM server) leaves this worker nothing to do:
-        it dies too, and the orchestrator restarts it with a new backend."""
+        it dies too, and the fleet restarts it with a new backend."""
         try:
             yield
         except Exception:

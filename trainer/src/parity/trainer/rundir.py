@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from parity.core.config import dump_toml
-from parity.core.timing import Span, chrome_trace, read_spans, write_spans
+from parity.core.timing import Span, read_spans, write_spans
+from parity.core.trace import chrome_trace
 from parity.core.types import Trajectory
 from parity.trainer.config import TrainConfig
 
@@ -176,7 +177,6 @@ def sample_episode(traj: Trajectory) -> dict[str, Any]:
     """What a person needs to see of one episode: the chat as text, its length in tokens,
     the reward and its parts (weight-0 criteria included), how it ended, the tool calls and
     parse errors, and the task's expected answer."""
-    task = traj.info.get("task", {})
     return {
         "group": traj.group_id,
         "reward": traj.reward,
@@ -185,10 +185,10 @@ def sample_episode(traj: Trajectory) -> dict[str, Any]:
         "turns": traj.num_turns,
         "tokens": len(traj.tokens),
         "generated_tokens": traj.num_generated,
-        "tool_calls": traj.info.get("tool_calls", 0),
-        "parse_errors": traj.info.get("parse_errors", 0),
-        "expected": task.get("answer") if isinstance(task, dict) else None,
-        "messages": traj.info.get("messages", []),
+        "tool_calls": int(traj.metrics.get("tool_calls", 0)),
+        "parse_errors": int(traj.metrics.get("parse_errors", 0)),
+        "expected": traj.task.get("answer"),
+        "messages": traj.messages,
     }
 
 

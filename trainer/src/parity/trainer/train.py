@@ -1,97 +1,26 @@
-"""`parity train`: set up the run directory and Ray, run the orchestrator, write outputs."""
+"""`parity train`: check the inputs, set up the run directory and Ray, train (the
+orchestrator, restarted from the last checkpoint when the learner dies), write the outputs."""
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
-import socket
 import sys
-import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from parity.trainer.checkpoint import Checkpoint, latest_checkpoint, load_checkpoint, remove_partial
-from parity.trainer.config import TrainConfig, load_train_config
+from parity.trainer.config import TrainConfig
+from parity.trainer.errors import LearnerDied, RunStopped
 from parity.trainer.evaluate import heldout, model_dir_of
 from parity.trainer.learner_actor import ModelIO
-from parity.trainer.orchestrator import LearnerDied, Orchestrator, RunStopped
+from parity.trainer.orchestrator import Orchestrator
+from parity.trainer.ray_cluster import start_ray
 from parity.trainer.rollout import BackendFactory, EpisodeFactory
-from parity.trainer.rundir import WALL_PARTS, RunDir, describe_run, holds_run
-
-
-def start_ray(address: str, cfg: TrainConfig) -> None:
-    """Join the cluster at `address` (ClusterUnreachable within `train.start_timeout_s` if
-    it does not answer), or start a local Ray sized to hold the actors even on a 2-core
-    laptop (logical CPUs: the learner's plus the workers'), offering every custom resource
-    the config places them with (`learner.resources`, `rollout.resources`)."""
-    if not address:
-        # Under `uv run`, Ray would rebuild the workspace into a fresh environment for its
-        # workers; local workers share this interpreter's instead. And a local instance
-        # listens on loopback only (Ray's "no cluster" mode). Both read at `import ray`.
-        os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
-        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-        # token authentication, as Ray's default for a new local cluster, chosen explicitly
-        # (Ray warns on every run while the mode is left unset)
-        os.environ.setdefault("RAY_AUTH_MODE", "token")
-    import ray
-
-    if ray.is_initialized():
-        return
-    if address:
-        _join(address, cfg.train.start_timeout_s)
-        return
-    r = cfg.rollout
-    need = cfg.learner.num_cpus + r.workers * r.num_cpus_per_worker
-    custom = {k: v + r.workers * r.resources.get(k, 0.0) for k, v in cfg.learner.resources.items()}
-    custom |= {k: r.workers * v for k, v in r.resources.items() if k not in custom}
-    # address="local": a Ray of its own, even when another job's Ray runs on this machine
-    ray.init(address="local", num_cpus=max(os.cpu_count() or 1, int(need + 0.999)),
-             resources=custom or None, include_dashboard=False, log_to_driver=True)
-
-
-class ClusterUnreachable(ConnectionError):
-    """`--ray-address` names a cluster that did not answer within train.start_timeout_s."""
-
-
-def _join(address: str, timeout: float) -> None:
-    """ray.init(address) within `timeout` seconds. Ray itself retries an unreachable head
-    for minutes, so its port is tried first (nothing listening ends here, quietly), then
-    ray.init runs in a thread that is abandoned, with the process, when it overruns."""
-    import ray
-
-    deadline = time.monotonic() + timeout
-    unreachable = (f"the Ray cluster at --ray-address {address} did not answer within "
-                   f"train.start_timeout_s = {timeout:g} s")
-    host, _, port = address.removeprefix("ray://").rpartition(":")
-    if host and port.isdigit():
-        while True:
-            try:
-                socket.create_connection((host, int(port)),
-                                         timeout=max(0.1, min(5.0, deadline - time.monotonic()))
-                                         ).close()
-                break
-            except OSError as e:
-                if time.monotonic() + 1.0 >= deadline:
-                    raise ClusterUnreachable(f"{unreachable} ({host}:{port}: {e})") from e
-                time.sleep(1.0)
-    failure: list[BaseException] = []
-
-    def connect() -> None:
-        try:
-            ray.init(address=address, log_to_driver=True)
-        except BaseException as e:  # handed to the caller's thread
-            failure.append(e)
-
-    thread = threading.Thread(target=connect, name="ray-init", daemon=True)
-    thread.start()
-    thread.join(max(0.0, deadline - time.monotonic()))
-    if thread.is_alive():
-        raise ClusterUnreachable(f"{unreachable} (its port answers, Ray does not)")
-    if failure:
-        raise ClusterUnreachable(f"cannot join the Ray cluster at --ray-address {address}: "
-                                 f"{type(failure[0]).__name__}: {failure[0]}") from failure[0]
+from parity.trainer.rundir import WALL_PARTS, RunDir
+from parity.trainer.train_cli import ProgressBar
 
 
 def run_training(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
@@ -110,7 +39,8 @@ def run_training(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
 
     t0 = time.time()
     run = RunDir(run_dir)
-    if resume:  # first: a finished run does nothing
+    # check: a finished run does nothing; nothing starts on inputs that cannot work
+    if resume:
         _refuse_finished(run, cfg)
     ckpt = _restart_point(run) if resume else None
     model_dir = backends.resolve_model_dir(cfg)
@@ -121,66 +51,35 @@ def run_training(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
     if cfg.rollout.engine == "vllm":  # vllm-aligned runs the learner's kernels
         print("parity train: rollout.engine = vllm: its logprobs are not bit-identical to the "
               "learner's; is/d3_mismatch logs the difference at every step", file=sys.stderr)
+    # build: the run directory, Ray
     run.open_tensorboard(_version(ckpt) if resume else None, enabled=cfg.output.tensorboard)
-    segment = run.begin_segment()
+    wall = _Wall(run, run.begin_segment(), t0)
     remove_partial(run.checkpoints)  # a fresh run in a used directory, too
     run.save_config(cfg)
     start_ray(cfg.train.ray_address, cfg)
     factories = (backend_factory, episode_factory)
-    heldout_s = 0.0
-    steps_s = 0.0
-
-    def timed_heldout(model: Path | str, before: bool) -> float | None:
-        nonlocal heldout_s
-        t = time.time()
-        value = _heldout_before(cfg, run, model, factories) if before else \
-            _heldout(cfg, model, factories)
-        heldout_s += time.time() - t
-        return value
-
-    def record_time(train_end: float | None = None) -> None:
-        now = time.time()
-        run.time_segment(segment, wall_s=now - t0, train_wall_s=(train_end or now) - t_train,
-                         steps_s=steps_s, heldout_s=heldout_s)
-
-    def heartbeat(rec: dict[str, Any]) -> None:
-        nonlocal steps_s
-        steps_s += rec["timing/step_s"]
-        record_time()
-        if bar is not None:
-            bar.update(rec)
-
-    before = timed_heldout(model_dir, before=True)
-    t_train = time.time()
-    restarts = 0
-    with _Progress(cfg) if progress else contextlib.nullcontext() as bar:
-        while True:
-            orch = Orchestrator(
-                cfg, run, io or backends.parity_model_io(backends.run_dtype(cfg)),
-                backend_factory or backends.engine_backend,
-                episode_factory or backends.env_episodes,
-                model_dir=model_dir, resume=ckpt, on_step=heartbeat,
-            )
-            orch.counters["learner_restarts"] += restarts
+    # train
+    before = wall.heldout(lambda: _heldout_before(cfg, run, model_dir, factories))
+    wall.train_start = time.time()
+    with ProgressBar(cfg) if progress else contextlib.nullcontext() as bar:
+        def on_step(rec: dict[str, Any]) -> None:
+            wall.steps_s += rec["timing/step_s"]
+            wall.record()
             if bar is not None:
-                bar.start_at(orch.step)
-            try:
-                counters = orch.run()
-                placement = orch.placement
-                break
-            except LearnerDied as e:
-                restarts += 1
-                if restarts > cfg.train.max_learner_restarts:
-                    raise RunStopped(f"{e} (restarted {restarts - 1} times already; "
-                                     f"train.max_learner_restarts = "
-                                     f"{cfg.train.max_learner_restarts})") from e
-                ckpt = _restart_point(run)
-                where = ckpt.path.name if ckpt else "the start"
-                print(f"parity train: {e}; restarting the run from {where} "
-                      f"({restarts}/{cfg.train.max_learner_restarts})", file=sys.stderr)
-    train_end = time.time()
-    after = timed_heldout(model_dir_of(run.checkpoints / "latest"), before=False)
-    record_time(train_end)
+                bar.update(rec)
+
+        def make(resume: Checkpoint | None) -> Orchestrator:
+            return Orchestrator(cfg, run, io or backends.parity_model_io(backends.run_dtype(cfg)),
+                                backend_factory or backends.engine_backend,
+                                episode_factory or backends.env_episodes,
+                                model_dir=model_dir, resume=resume, on_step=on_step)
+
+        orch = _train(cfg, run, ckpt, make, bar)
+    wall.train_end = time.time()
+    after = wall.heldout(lambda: _heldout(cfg, model_dir_of(run.checkpoints / "latest"),
+                                          factories))
+    wall.record()
+    # close: the summary of every segment of the run
     segs = run.segments()
     # wall_s: the whole run a user waits for, every segment included; its parts add up to it
     return run.finish({"wall_s": sum(s["wall_s"] for s in segs),
@@ -189,7 +88,63 @@ def run_training(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
                        "segments": len(segs),
                        "mode": cfg.train.mode, "max_lag": cfg.max_lag,
                        "heldout_success_before": before, "heldout_success_after": after,
-                       "placement": placement, **counters}, plots=cfg.output.plots)
+                       "placement": orch.fleet.placement, **orch.counters.as_dict()},
+                      plots=cfg.output.plots)
+
+
+def _train(cfg: TrainConfig, run: RunDir, ckpt: Checkpoint | None,
+           make: Callable[[Checkpoint | None], Orchestrator], bar: ProgressBar | None
+           ) -> Orchestrator:
+    """Run an orchestrator (`make`) from `ckpt` to the end; a learner that dies restarts
+    the run from its last checkpoint, up to `train.max_learner_restarts` times. Returns the
+    orchestrator that finished."""
+    restarts = 0
+    while True:
+        orch = make(ckpt)
+        orch.counters.learner_restarts += restarts
+        if bar is not None:
+            bar.start_at(orch.step)
+        try:
+            orch.run()
+            return orch
+        except LearnerDied as e:
+            restarts += 1
+            if restarts > cfg.train.max_learner_restarts:
+                raise RunStopped(f"{e} (restarted {restarts - 1} times already; "
+                                 f"train.max_learner_restarts = "
+                                 f"{cfg.train.max_learner_restarts})") from e
+            ckpt = _restart_point(run)
+            where = ckpt.path.name if ckpt else "the start"
+            print(f"parity train: {e}; restarting the run from {where} "
+                  f"({restarts}/{cfg.train.max_learner_restarts})", file=sys.stderr)
+
+
+class _Wall:
+    """The seconds of this process's segment of the run (`RunDir.begin_segment`): in all,
+    in held-out evaluation, in training steps, in the training loop."""
+
+    def __init__(self, run: RunDir, segment: int, t0: float) -> None:
+        self.run = run
+        self.segment = segment
+        self.t0 = t0  # when the process started on the run
+        self.heldout_s = 0.0
+        self.steps_s = 0.0
+        self.train_start = t0  # the training loop's start, and end (None: it runs)
+        self.train_end: float | None = None
+
+    def heldout(self, measure: Callable[[], float | None]) -> float | None:
+        """`measure()`, its seconds counted as held-out evaluation."""
+        t = time.time()
+        value = measure()
+        self.heldout_s += time.time() - t
+        return value
+
+    def record(self) -> None:
+        """Write the seconds so far into segments.json."""
+        now = time.time()
+        self.run.time_segment(self.segment, wall_s=now - self.t0,
+                              train_wall_s=(self.train_end or now) - self.train_start,
+                              steps_s=self.steps_s, heldout_s=self.heldout_s)
 
 
 class RunFinished(Exception):
@@ -198,7 +153,7 @@ class RunFinished(Exception):
 
 
 def _version(ckpt: Checkpoint | None) -> int:
-    return ckpt.state["learner"]["version"] if ckpt else 0
+    return ckpt.learner["version"] if ckpt else 0
 
 
 def _refuse_finished(run: RunDir, cfg: TrainConfig) -> None:
@@ -239,72 +194,3 @@ def _heldout_before(cfg: TrainConfig, run: RunDir, model_dir: str, factories: tu
     value = _heldout(cfg, model_dir, factories)
     path.write_text(json.dumps({"pass_rate": value}) + "\n")
     return value
-
-
-class RunDirError(ValueError):
-    """`--out` names a directory that holds a run: it is continued with --resume or replaced
-    with --force, never trained into."""
-
-
-def load_for_cli(config: Path | None, overrides: list[str], out: Path | None,
-                 resume: Path | None, ray_address: str | None, force: bool = False
-                 ) -> tuple[TrainConfig, Path]:
-    """Resolve the config and run directory of a `parity train` invocation. A new run's
-    directory must not hold a run already (RunDirError), unless `force`: then the caller
-    clears it (`rundir.clear_run`)."""
-    if resume is not None:
-        if out is not None and out.resolve() != resume.resolve():
-            raise RunDirError(f"--out {out} and --resume {resume}: a resumed run stays in its "
-                              f"own directory; give one of them")
-        saved = resume / "config.toml"
-        if not saved.is_file():
-            raise FileNotFoundError(f"{resume}: no config.toml (not a run directory)")
-        cfg = load_train_config(saved, overrides)
-        run_dir = resume
-    else:
-        cfg = load_train_config(config, overrides)
-        run_dir = out or _new_run_dir()
-        if holds_run(run_dir) and not force:
-            raise RunDirError(f"--out {run_dir} holds a run ({describe_run(run_dir)}); "
-                              f"continue it with: parity train --resume {run_dir}, or start "
-                              f"over with --force (deletes that run), or pick another --out")
-    if ray_address:
-        cfg.train.ray_address = ray_address
-    return cfg, run_dir
-
-
-def _new_run_dir() -> Path:
-    """runs/<date-time>, with a suffix when another run started in the same second."""
-    base = Path("runs") / time.strftime("%Y%m%d-%H%M%S")
-    path, n = base, 1
-    while path.exists():
-        n += 1
-        path = base.with_name(f"{base.name}-{n}")
-    return path
-
-
-class _Progress:
-    """A rich progress bar with the step's headline metrics."""
-
-    def __init__(self, cfg: TrainConfig) -> None:
-        from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-
-        self.p = Progress(TextColumn("[bold]train"), BarColumn(), TextColumn("{task.completed}/"
-                          "{task.total}"), TimeRemainingColumn(), TextColumn("{task.description}"))
-        self.task = self.p.add_task("", total=cfg.train.steps)
-
-    def start_at(self, done: int) -> None:
-        self.p.update(self.task, completed=done)
-
-    def __enter__(self) -> _Progress:
-        self.p.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.p.__exit__(*exc)
-
-    def update(self, rec: dict[str, Any]) -> None:
-        desc = (f"reward {rec['reward/mean']:.3f} · d3 {rec['is/d3']:.2e} "
-                f"(mismatch {rec.get('is/d3_mismatch', 0.0):.1e}) · lag {rec['lag/max']:.0f} · "
-                f"{rec['throughput/tokens_per_s']:.0f} tok/s")
-        self.p.update(self.task, advance=1, description=desc)

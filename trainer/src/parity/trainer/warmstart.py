@@ -6,7 +6,7 @@ once from memory (the right answer, which a model this small rarely reproduces).
 warm-started model therefore uses the tool only some of the time: reinforcement learning
 has visible room to teach it to use the tool every time.
 
-Training uses the learner's own `token_logprobs` (aligned kernels), a fixed seed and a
+Training uses the learner's own `packed_logprobs` (aligned kernels), a fixed seed and a
 fixed thread count, so that the same script on the same machine type can rebuild the same
 bits (not yet verified: a rebuild takes about 35 minutes on 2 cores).
 """
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from parity.core.types import Trajectory
-from parity.model import Decoder, token_logprobs
+from parity.model import Decoder, packed_logprobs
 from parity.model.batch import collate
 from parity.trainer.loss import lr_at
 
@@ -79,7 +79,7 @@ def demonstrations(make_env: Callable[[], Any], seeds: list[int], p_tool: float,
 def sft_loss(model: Decoder, demos: list[Trajectory]) -> torch.Tensor:
     """Mean negative log-likelihood of the model-written tokens of `demos`."""
     b = collate(demos)
-    lp = token_logprobs(model, b.tokens, lengths=b.lengths)
+    lp = b.rows(packed_logprobs(model, b.tokens, b.lengths.tolist()))
     return -(lp * b.mask).sum() / b.mask.sum()
 
 

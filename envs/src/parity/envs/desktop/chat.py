@@ -15,8 +15,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from parity.envs.core import EpisodeLimits, Message, Response, TextEnv
+from parity.envs.core import Response, TextEnv
 from parity.envs.data import Task
+from parity.envs.episode import EpisodeLimits, Message
 from parity.envs.rubric import Criterion, Rubric
 
 from .env import DesktopEnv

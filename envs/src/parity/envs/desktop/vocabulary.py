@@ -10,6 +10,7 @@ from . import (
     getters,
     getters_apps,
     metrics,
+    metrics_apps,
     metrics_docs,
     metrics_general,
     metrics_images,
@@ -20,5 +21,5 @@ from .getters import EvalContext
 
 GETTERS: dict[str, Callable[[EvalContext, dict], Any]] = {**getters.GETTERS, **getters_apps.GETTERS}
 METRICS: dict[str, Callable[..., float]] = {
-    **metrics.METRICS, **metrics_docs.METRICS, **metrics_general.METRICS, **metrics_images.METRICS,
+    **metrics.METRICS, **metrics_apps.METRICS, **metrics_docs.METRICS, **metrics_general.METRICS, **metrics_images.METRICS,
     **metrics_slides.METRICS, **metrics_vlc.METRICS}

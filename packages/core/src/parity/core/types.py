@@ -1,7 +1,8 @@
 """Token-level data shared by the engine, the environments and the trainer.
 
-Everything is in token ids: the model's output tokens are never re-tokenized, only
-observations are tokenized and appended (design invariant 2).
+Everything is in token ids, and the model's output tokens are never re-tokenized: the
+tokens the learner trains on are exactly the ones the engine sampled, with the logprobs it
+recorded; only the env's observations are tokenized, and appended after them.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
@@ -39,6 +41,20 @@ class SamplingParams(BaseModel):
         return v
 
 
+@dataclass(frozen=True)
+class TurnTiming:
+    """Seconds of one turn of an episode, measured on `time.monotonic`.
+
+    `model_s`: the engine generating the model's turn. `env_s`: the env answering it (its
+    `respond`, the observation's tokens; on the last turn also the reward and the release
+    of the episode's resources). `sandbox_s`: the part of `env_s` spent in a sandbox.
+    """
+
+    model_s: float
+    env_s: float
+    sandbox_s: float
+
+
 @dataclass
 class Trajectory:
     """One episode as the learner sees it: one flat token sequence.
@@ -50,27 +66,46 @@ class Trajectory:
         sampling time (0.0 where loss_mask is 0);
       * `versions[t]` is the policy version whose weights produced tokens[t] (-1 where
         loss_mask is 0).
+    The four are numpy arrays (tokens int32, loss_mask bool, logprobs float64: whatever
+    the engine recorded, exactly; versions int32), built once from what the constructor is
+    given: they cross processes as buffers, not as Python ints and floats.
+
+    `reward` is the episode's reward and `reward_components` every reward function's score
+    by name (weight 0 too). `num_turns`: the model turns the env answered. `finish_reason`:
+    why the episode ended ("answer", "max_turns", "max_tokens", "timeout", ...).
 
     `failure` is None, or the kind of failure outside the agent that ended the episode
     ("sandbox", "env_error", "reward_error", "timeout", "generate_error"; parity.envs.core):
     its reward says nothing about the policy, so the trainer leaves it out of its group's
     baseline and of the loss (docs/training.md §2).
+
+    `task`: the task the episode played. `messages`: the chat as text, from the prompt on,
+    the model's turns as role "assistant". `metrics`: the env's counters summed over the
+    turns (e.g. tool_calls, parse_errors). `turn_timings`: one `TurnTiming` per model turn
+    the env answered; `reward_s`: the seconds the reward functions took.
     """
 
     group_id: str
-    tokens: list[int]
-    loss_mask: list[int]
-    logprobs: list[float]
-    versions: list[int]
+    tokens: np.ndarray
+    loss_mask: np.ndarray
+    logprobs: np.ndarray
+    versions: np.ndarray
     reward: float = 0.0
     reward_components: dict[str, float] = field(default_factory=dict)
     num_turns: int = 0
     finish_reason: str = ""
     failure: str | None = None
-    timings: dict[str, float] = field(default_factory=dict)
-    info: dict[str, Any] = field(default_factory=dict)
+    task: dict[str, Any] = field(default_factory=dict)
+    messages: list[dict[str, str]] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+    turn_timings: list[TurnTiming] = field(default_factory=list)
+    reward_s: float = 0.0
 
     def __post_init__(self) -> None:
+        self.tokens = np.asarray(self.tokens, dtype=np.int32)
+        self.loss_mask = np.asarray(self.loss_mask, dtype=bool)
+        self.logprobs = np.asarray(self.logprobs, dtype=np.float64)
+        self.versions = np.asarray(self.versions, dtype=np.int32)
         n = len(self.tokens)
         for name in ("loss_mask", "logprobs", "versions"):
             if len(getattr(self, name)) != n:
@@ -81,13 +116,7 @@ class Trajectory:
 
     @property
     def num_generated(self) -> int:
-        return sum(self.loss_mask)
-
-    @property
-    def min_version(self) -> int:
-        """The oldest policy version among the generated tokens (-1 if none)."""
-        vs = [v for v, m in zip(self.versions, self.loss_mask, strict=True) if m]
-        return min(vs) if vs else -1
+        return int(np.count_nonzero(self.loss_mask))
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,8 @@ def audit_targets(model_dirs: list[Path], shapes: list[str], kernels: str, dtype
 
     from parity.engine.shapes import AUDIT_SHAPES, SHAPES, random_model
     from parity.model import load_model
-    from parity.model.dtypes import DTYPES, require_dtype, resolve_dtype
+    from parity.model.dtypes import DTYPES, require_dtype
+    from parity.model.io import resolve_dtype
 
     bad = [s for s in shapes if s not in SHAPES]
     if bad:

@@ -1,8 +1,7 @@
 """parity.model: the decoder, its aligned and standard kernels, HF safetensors I/O.
 
 Importing it configures nothing and loads no torch: the names below load their module on
-first use, so `parity.model.tokenizer` (all the environments need) stays torch-free. MKL's
-mode is set by its owners (`parity.model.blas.configure`).
+first use. MKL's mode is set by its owners (`parity.model.blas.configure`).
 """
 
 import importlib
@@ -13,10 +12,10 @@ _LAZY = {
     "Decoder": "decoder", "DenseKV": "decoder", "KVStore": "decoder",
     "ROW_TILE": "gemm",
     "WeightsError": "io", "load_model": "io", "save_model": "io",
-    "KernelMode": "kernels", "get_kernels": "kernels",
+    "KernelMode": "kernels", "get_kernels": "devices",
     "ATTENTION_ROW_MULTIPLE": "layout", "KV_TILE": "layout", "SeqLayout": "layout",
-    "token_logprobs": "logprobs",
-    "AlignmentError": "selfcheck", "require_alignment": "selfcheck",
+    "packed_logprobs": "logprobs", "token_logprobs": "logprobs",
+    "AlignmentError": "kernels", "require_alignment": "devices",
 }
 
 
@@ -41,6 +40,7 @@ __all__ = [
     "WeightsError",
     "get_kernels",
     "load_model",
+    "packed_logprobs",
     "require_alignment",
     "save_model",
     "token_logprobs",

@@ -1,9 +1,10 @@
-"""Trajectories as one right-padded batch, shifted to the logprob positions.
+"""Trajectories packed for the model, their per-token fields shifted to the logprob positions.
 
-`token_logprobs(model, tokens)` returns lp[:, t] = log π(tokens[t+1] | tokens[:t+1]), so a
-trajectory's per-token fields line up with it from position 1 on: mask = loss_mask[1:],
-μ = logprobs[1:], versions = versions[1:]. The learner, the SFT warm start and the parity
-audit all score trajectories through this one conversion, so they score the same positions.
+`packed_logprobs(model, tokens, lengths)` returns, per sequence, lp[t] = log π(x[t+1] | x[:t+1])
+for t < n - 1, so a trajectory's per-token fields line up with it from position 1 on:
+mask = loss_mask[1:], μ = logprobs[1:], versions = versions[1:]. The learner, the SFT warm
+start and the parity audit all score trajectories through this one conversion, so they
+score the same positions.
 """
 
 from __future__ import annotations
@@ -19,34 +20,58 @@ from parity.core.types import Trajectory
 
 @dataclass
 class TokenBatch:
-    """Shapes: tokens [B, T] (zero-padded); lengths [B]; mask, mu, versions [B, T-1], aligned
-    to the logprob positions (padding: mask 0, μ 0, version -1)."""
+    """B trajectories: their tokens packed as the model reads them, their per-token fields
+    as rows of the logprob positions.
+
+    tokens [N]: the sequences back to back (N = Σ lengths, no padding); lengths [B];
+    starts[b]: where sequence b begins in `tokens`. mask, mu, versions [B, W], W = the
+    longest length − 1: row b holds sequence b's lengths[b] − 1 logprob positions, then
+    padding (mask 0, μ 0, version −1). Rows, not packed, because every reduction over them
+    (per response: loss, gate, ρ; over the batch: D3, KL) sums in the order of this shape,
+    which fixes its bits whatever micro-batch a sequence is scored in.
+    """
 
     tokens: Tensor
     lengths: Tensor
+    starts: list[int]
     mask: Tensor
     mu: Tensor
     versions: Tensor
 
+    def packed(self, idx: Sequence[int]) -> tuple[Tensor, list[int]]:
+        """The tokens of sequences `idx`, packed in that order, and their lengths."""
+        lens = [int(self.lengths[i]) for i in idx]
+        tokens = torch.cat([self.tokens[self.starts[i] : self.starts[i] + n]
+                            for i, n in zip(idx, lens, strict=True)])
+        return tokens, lens
+
+    def rows(self, lp: Tensor, idx: Sequence[int] | None = None) -> Tensor:
+        """Packed logprobs of sequences `idx` (default: all), as `packed_logprobs` returns
+        them, laid into their rows [len(idx), W], 0 at the padding; differentiable."""
+        lengths = self.lengths if idx is None else self.lengths[list(idx)]
+        real = torch.arange(self.mask.shape[1]) < (lengths - 1)[:, None]
+        return lp.new_zeros(real.shape).masked_scatter(real, lp)
+
 
 def collate(trajs: Sequence[Trajectory]) -> TokenBatch:
-    """Pad `trajs` into one batch. A first token marked generated has no logprob position
+    """Pack `trajs` into one batch. A first token marked generated has no logprob position
     (nothing precedes it), so such a trajectory is refused."""
     if not trajs:
         raise ValueError("collate: empty batch")
-    T = max(len(t.tokens) for t in trajs)
-    B = len(trajs)
-    tokens = torch.zeros(B, T, dtype=torch.long)
-    mask = torch.zeros(B, T - 1, dtype=torch.float32)
-    mu = torch.zeros(B, T - 1, dtype=torch.float64)  # exact for float32 or float64 μ
-    versions = torch.full((B, T - 1), -1, dtype=torch.long)
-    for i, t in enumerate(trajs):
-        n = len(t.tokens)
-        if n and t.loss_mask[0]:
+    for t in trajs:
+        if len(t.tokens) and t.loss_mask[0]:
             raise ValueError(f"trajectory {t.group_id}: the first token is marked generated")
-        tokens[i, :n] = torch.tensor(t.tokens, dtype=torch.long)
-        mask[i, : n - 1] = torch.tensor(t.loss_mask[1:], dtype=torch.float32)
-        mu[i, : n - 1] = torch.tensor(t.logprobs[1:], dtype=torch.float64)
-        versions[i, : n - 1] = torch.tensor(t.versions[1:], dtype=torch.long)
     lengths = torch.tensor([len(t.tokens) for t in trajs])
-    return TokenBatch(tokens=tokens, lengths=lengths, mask=mask, mu=mu, versions=versions)
+    B, W = len(trajs), int(lengths.max()) - 1
+    mask = torch.zeros(B, W, dtype=torch.float32)
+    mu = torch.zeros(B, W, dtype=torch.float64)  # exact for float32 or float64 μ
+    versions = torch.full((B, W), -1, dtype=torch.long)
+    for i, t in enumerate(trajs):
+        n = len(t.tokens) - 1
+        mask[i, :n] = torch.as_tensor(t.loss_mask[1:], dtype=torch.float32)
+        mu[i, :n] = torch.as_tensor(t.logprobs[1:], dtype=torch.float64)
+        versions[i, :n] = torch.as_tensor(t.versions[1:], dtype=torch.long)
+    tokens = torch.cat([torch.as_tensor(t.tokens, dtype=torch.long) for t in trajs])
+    starts = [0, *torch.cumsum(lengths, 0)[:-1].tolist()]
+    return TokenBatch(tokens=tokens, lengths=lengths, starts=starts, mask=mask, mu=mu,
+                      versions=versions)

@@ -15,10 +15,10 @@ from torch import nn
 
 from parity.model import fused
 from parity.model.config import ModelConfig
-from parity.model.kernels import KernelMode, Kernels, get_kernels
+from parity.model.devices import get_kernels, require_alignment
+from parity.model.kernels import KernelMode, Kernels
 from parity.model.layout import SeqLayout
 from parity.model.rope import RotaryTable, apply_rotary
-from parity.model.selfcheck import require_alignment
 
 
 class KVStore(Protocol):

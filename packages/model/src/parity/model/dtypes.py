@@ -40,34 +40,6 @@ def checkpoint_dtype(torch_dtype: object, source: str) -> torch.dtype:
     return DTYPES[str(torch_dtype)]
 
 
-def resolve_dtype(setting: str, model_dir: str | Path, setting_name: str = "model.dtype") -> torch.dtype:
-    """The dtype a run uses: `setting` ("auto": the checkpoint's torch_dtype). A setting that
-    disagrees with the checkpoint is refused when honouring it would round the checkpoint's
-    stored weights (bfloat16 asked of a float32 checkpoint stored in float32); the reverse
-    (float32 from bfloat16) is exact. Raises DtypeError naming the setting."""
-    from parity.model.config import ModelConfig
-    from parity.model.io import stored_dtypes
-
-    if setting != "auto" and setting not in DTYPES:
-        raise DtypeError(f"{setting_name} = {setting!r}: expected auto, float32 or bfloat16")
-    source = f"{Path(model_dir) / 'config.json'}"
-    declared = ModelConfig.from_pretrained(model_dir).declared_dtype
-    if setting == "auto":
-        want = checkpoint_dtype(declared, source)
-    else:
-        want = DTYPES[setting]
-        if want == torch.bfloat16 and declared != "bfloat16":
-            wide = sorted({d for d in stored_dtypes(model_dir) if d != "BF16"})
-            if wide:
-                raise DtypeError(
-                    f"{setting_name} = 'bfloat16', but {source} declares torch_dtype "
-                    f"{declared or 'float32'!r} and its weights are stored as {', '.join(wide)}: "
-                    f"bfloat16 would round them. Set {setting_name} = 'auto' (or 'float32'), or "
-                    f"write a bfloat16 copy with `parity model convert {model_dir} OUT --dtype bfloat16`")
-    require_dtype(want, setting_name)
-    return want
-
-
 @functools.cache
 def _bf16_runs() -> str | None:
     """None if this torch build runs the bf16 ops the model needs on this CPU, else why not."""

@@ -2,7 +2,8 @@
 
 A directory holds `config.json` and either `model.safetensors` or shards listed by
 `model.safetensors.index.json`. Checkpoints move freely between parity, transformers and
-vLLM. Every mismatch is an error naming the file and the tensor.
+vLLM. Every mismatch is an error naming the file and the tensor. `resolve_dtype` reads from a
+directory the dtype a run computes in.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from safetensors.torch import load_file, save_file
 
 from parity.model.config import ModelConfig
 from parity.model.decoder import Decoder
-from parity.model.dtypes import dtype_name
+from parity.model.dtypes import DTYPES, DtypeError, checkpoint_dtype, dtype_name, require_dtype
 from parity.model.kernels import KernelMode
 
 INDEX = "model.safetensors.index.json"
@@ -124,6 +125,31 @@ def stored_dtypes(directory: str | Path) -> set[str]:
     """The safetensors dtypes ("F32", "BF16", ...) the directory's weights are stored in
     (read from the file headers)."""
     return {t.dtype for t, _ in _read_tensors(Path(directory), header_only=True).values()}
+
+
+def resolve_dtype(setting: str, model_dir: str | Path, setting_name: str = "model.dtype") -> torch.dtype:
+    """The dtype a run uses: `setting` ("auto": the checkpoint's torch_dtype). A setting that
+    disagrees with the checkpoint is refused when honouring it would round the checkpoint's
+    stored weights (bfloat16 asked of a float32 checkpoint stored in float32); the reverse
+    (float32 from bfloat16) is exact. Raises DtypeError naming the setting."""
+    if setting != "auto" and setting not in DTYPES:
+        raise DtypeError(f"{setting_name} = {setting!r}: expected auto, float32 or bfloat16")
+    source = f"{Path(model_dir) / 'config.json'}"
+    declared = ModelConfig.from_pretrained(model_dir).declared_dtype
+    if setting == "auto":
+        want = checkpoint_dtype(declared, source)
+    else:
+        want = DTYPES[setting]
+        if want == torch.bfloat16 and declared != "bfloat16":
+            wide = sorted({d for d in stored_dtypes(model_dir) if d != "BF16"})
+            if wide:
+                raise DtypeError(
+                    f"{setting_name} = 'bfloat16', but {source} declares torch_dtype "
+                    f"{declared or 'float32'!r} and its weights are stored as {', '.join(wide)}: "
+                    f"bfloat16 would round them. Set {setting_name} = 'auto' (or 'float32'), or "
+                    f"write a bfloat16 copy with `parity model convert {model_dir} OUT --dtype bfloat16`")
+    require_dtype(want, setting_name)
+    return want
 
 
 def load_model(

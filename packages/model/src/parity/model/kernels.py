@@ -36,18 +36,19 @@ Backward passes need only be correct: aligned ops compute their gradients with o
 multi-threaded torch ops (attention with torch's flash-attention backward, from the output
 and log-normaliser its forward kept).
 
-On CUDA, aligned ops hand their tensors to parity's Triton kernel set (`parity.model.gpu`,
-docs/gpu.md), invariant by construction: each op looks at its first tensor's device, so CPU
-tensors keep the CPU path above, bit for bit. Where that set cannot serve (no capable device,
-a Triton that cannot compile it) aligned mode is refused with an `AlignmentError` naming the
-cause; standard ops run anywhere torch does.
+This module holds the CPU set. On CUDA, aligned ops hand their tensors to parity's Triton
+kernel set (`parity.model.gpu`, docs/gpu.md), invariant by construction;
+`parity.model.devices` joins the two (each op looks at its first tensor's device, so CPU
+tensors keep the CPU path above, bit for bit) and refuses aligned mode with an
+`AlignmentError` naming the cause where the GPU set cannot serve; standard ops run anywhere
+torch does.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -62,8 +63,6 @@ from parity.model.rowwise import (
 )
 
 KernelMode = Literal["aligned", "standard"]
-KERNEL_MODES: tuple[KernelMode, ...] = ("aligned", "standard")
-Op = TypeVar("Op", bound=Callable[..., object])
 
 
 def _log_softmax(logits: torch.Tensor) -> torch.Tensor:
@@ -115,43 +114,13 @@ def _linears_standard(x: torch.Tensor, parts: Sequence[Part]) -> list[torch.Tens
     return [_linear_standard(x, w, b) for w, b in parts]
 
 
-def _gpu(device: torch.device | str) -> Kernels:
-    """The Triton kernel set for a CUDA device, or AlignmentError naming why it cannot serve."""
-    from parity.model.gpu.device import kernels_for
-
-    return kernels_for(device)
+class AlignmentError(RuntimeError):
+    """Aligned kernels cannot serve here (not row-invariant on this machine, or no GPU kernel
+    set for this device); aligned mode is refused."""
 
 
-def _by_device(cpu: Op, name: str) -> Op:
-    """`cpu` for CPU tensors; for CUDA tensors (the first argument's device), the Triton set's
-    op of the same name."""
-
-    def op(x: torch.Tensor, *args: object) -> object:
-        if x.is_cuda:
-            return getattr(_gpu(x.device), name)(x, *args)
-        return cpu(x, *args)
-
-    return op  # type: ignore[return-value]
-
-
-ALIGNED = Kernels("aligned", _by_device(linear_aligned, "linear"),
-                  _by_device(linears_aligned, "linears"),
-                  _by_device(_in_fp32(rms_norm_aligned), "rms_norm"),
-                  _by_device(_in_fp32(silu_mul_aligned), "silu_mul"),
-                  _by_device(_in_fp32(attention_aligned), "attention"),
-                  _by_device(_log_softmax, "log_softmax"))
+# The CPU set; `parity.model.devices.ALIGNED` adds CUDA tensors (the Triton set) to it.
+ALIGNED_CPU = Kernels("aligned", linear_aligned, linears_aligned, _in_fp32(rms_norm_aligned),
+                      _in_fp32(silu_mul_aligned), _in_fp32(attention_aligned))
 STANDARD = Kernels("standard", _linear_standard, _linears_standard, rms_norm_standard,
                    silu_mul_standard, attention_standard)
-
-
-def get_kernels(mode: KernelMode | str, device: torch.device | str | None = None) -> Kernels:
-    """The kernels of `mode`. Aligned ops serve CPU and CUDA tensors alike (see above); with
-    a CUDA `device`, whether the Triton set can serve there is checked first, and aligned
-    mode is refused with an AlignmentError naming the cause if it cannot."""
-    if mode == "aligned":
-        if device is not None and torch.device(device).type == "cuda":
-            _gpu(device)
-        return ALIGNED
-    if mode == "standard":
-        return STANDARD
-    raise ValueError(f"kernels must be 'aligned' or 'standard', not {mode!r}")

@@ -56,10 +56,6 @@ class SeqLayout:
         kv = [off + n for n, off in zip(lengths, offsets, strict=True)]
         return cls(starts, list(lengths), positions, kv)
 
-    @property
-    def num_rows(self) -> int:
-        return int(self.positions.shape[0])
-
     @cached_property
     def seq_of_row(self) -> torch.Tensor:
         """[N] the sequence index of each row."""

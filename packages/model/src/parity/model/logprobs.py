@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from parity.model.decoder import Decoder, DenseKV
@@ -25,48 +27,61 @@ def token_logprobs(
     at or past a row's length - 1 are 0. In aligned mode the result is bit-identical to what
     the engine records for the same weights and tokens, whatever the batch. `chunk_size`
     runs each sequence's forward in chunks of that many tokens (bounded activation memory
-    for long episodes) with exactly the same per-token result.
+    for long episodes) with exactly the same per-token result. The padded form of
+    `packed_logprobs`.
     """
     if tokens.dim() != 2:
         raise ValueError(f"tokens must be [batch, time], got shape {tuple(tokens.shape)}")
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
     b, t = tokens.shape
     lengths = torch.full((b,), t) if lengths is None else lengths.to(torch.long)
+    lens = [int(n) for n in lengths]
+    lp = packed_logprobs(model, _sequence_rows(tokens, lengths), lens, temperature, chunk_size)
     out = torch.zeros(b, max(t - 1, 0), dtype=torch.float32)
-    if chunk_size is None:
-        lens = [int(n) for n in lengths]
-        layout = SeqLayout.from_lengths(lens)
-        hidden = model(_sequence_rows(tokens, lengths), layout, DenseKV())
-        rows = _next_token_logprobs(model, hidden, layout, tokens, temperature)
-        for s, lp in enumerate(rows):
-            out[s, : lp.shape[0]] = lp
-        return out
-    for s in range(b):
-        n, kv, done = int(lengths[s]), DenseKV(), 0
-        pieces = []
-        while done < n:
-            m = min(chunk_size, n - done)
-            layout = SeqLayout.from_lengths([m], [done])
-            hidden = model(tokens[s, done : done + m], layout, kv)
-            nxt = tokens[s, done + 1 : min(done + m + 1, n)]  # never past the row's end
-            lp = model.logprobs(hidden[: nxt.shape[0]], temperature)
-            pieces.append(lp.gather(-1, nxt[:, None]).squeeze(-1))
-            done += m
-        out[s, : n - 1] = torch.cat(pieces)
+    out[torch.arange(out.shape[1]) < (lengths - 1)[:, None]] = lp
     return out
 
 
-def _next_token_logprobs(
-    model: Decoder, hidden: torch.Tensor, layout: SeqLayout, tokens: torch.Tensor,
-    temperature: float,
-) -> list[torch.Tensor]:
-    # Only rows that have a next token need the vocabulary projection.
-    keep, targets, sizes = [], [], []
-    for s, (start, n) in enumerate(zip(layout.starts, layout.lengths, strict=True)):
-        keep.append(torch.arange(start, start + n - 1))
-        targets.append(tokens[s, 1:n])
-        sizes.append(n - 1)
-    idx = torch.cat(keep)
-    lp = model.logprobs(hidden[idx], temperature).gather(-1, torch.cat(targets)[:, None]).squeeze(-1)
-    return list(lp.split(sizes))
+def packed_logprobs(
+    model: Decoder,
+    tokens: torch.Tensor,
+    lengths: list[int],
+    temperature: float = 1.0,
+    chunk_size: int | None = None,
+) -> torch.Tensor:
+    """The logprobs of packed sequences, packed: shape [N - S], fp32.
+
+    `tokens` [N] (long) holds S sequences back to back, sequence s `lengths[s]` tokens long;
+    the result holds each sequence's n - 1 values log p(x[t+1] | x[:t+1]) under
+    logits / temperature, in the same order. Bit-identical per sequence whatever the other
+    sequences (aligned mode) and whatever `chunk_size`, which runs each sequence's forward
+    in chunks of that many tokens (bounded activation memory for long episodes).
+    """
+    if tokens.dim() != 1:
+        raise ValueError(f"tokens must be packed [N], got shape {tuple(tokens.shape)}")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if chunk_size is None:
+        layout = SeqLayout.from_lengths(lengths)
+        hidden = model(tokens, layout, DenseKV())
+        # only rows that have a next token need the vocabulary projection
+        last = torch.tensor([s + n - 1 for s, n in zip(layout.starts, lengths, strict=True)])
+        keep = torch.ones(tokens.shape[0], dtype=torch.bool).index_fill_(0, last, False)
+        idx = keep.nonzero().squeeze(-1)
+        return _gather(model.logprobs(hidden[idx], temperature), tokens[idx + 1])
+    pieces = []
+    starts = itertools.accumulate(lengths, initial=0)
+    for start, n in zip(starts, lengths, strict=False):  # starts has one more: the end
+        kv, done = DenseKV(), 0
+        while done < n:
+            m = min(chunk_size, n - done)
+            layout = SeqLayout.from_lengths([m], [done])
+            hidden = model(tokens[start + done : start + done + m], layout, kv)
+            nxt = tokens[start + done + 1 : start + min(done + m + 1, n)]  # never past its end
+            if len(nxt):  # a last chunk of one token has none (an empty GEMM fails backward)
+                pieces.append(_gather(model.logprobs(hidden[: len(nxt)], temperature), nxt))
+            done += m
+    return torch.cat(pieces) if pieces else torch.zeros(0)
+
+
+def _gather(lp: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return lp.gather(-1, targets[:, None]).squeeze(-1)

@@ -9,6 +9,8 @@ Their backwards are the ordinary gradients, in a few fused passes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -54,24 +56,34 @@ def _silu_mul_fwd(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return torch.div(gate, d, out=d).mul_(up)
 
 
-class _SiluMul(torch.autograd.Function):
-    """Aligned forward; the ordinary derivative of silu(gate) * up for backward."""
+def differentiable_silu_mul(forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+                            ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """silu(gate) * up computed by `forward` (an aligned forward: CPU here, Triton on CUDA),
+    with the ordinary derivative, in at least fp32, for backward."""
 
-    @staticmethod
-    def forward(ctx, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        ctx.save_for_backward(gate, up)
-        return _silu_mul_fwd(gate, up)
+    class SiluMul(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+            ctx.save_for_backward(gate, up)
+            return forward(gate, up)
 
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
-        gate, up = ctx.saved_tensors
-        return torch.ops.aten.silu_backward(grad * up, gate), grad * F.silu(gate)
+        @staticmethod
+        def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+            gate, up = ctx.saved_tensors
+            wide = torch.promote_types(gate.dtype, torch.float32)  # bf16 in, fp32 math
+            g, u, gf = gate.to(wide), up.to(wide), grad.to(wide)
+            return (torch.ops.aten.silu_backward(gf * u, g).to(gate.dtype),
+                    (gf * F.silu(g)).to(up.dtype))
+
+    def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad):
+            return SiluMul.apply(gate, up)
+        return forward(gate, up)
+
+    return silu_mul
 
 
-def silu_mul_aligned(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    if torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad):
-        return _SiluMul.apply(gate, up)
-    return _silu_mul_fwd(gate, up)
+silu_mul_aligned = differentiable_silu_mul(_silu_mul_fwd)
 
 
 def silu_mul_standard(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

@@ -4,8 +4,9 @@ Aligned kernels hand every GEMM a row count that is a multiple of ROW_TILE
 (`parity.model.gemm`), so no caller reaches a BLAS's few-row special paths. That the BLAS
 then keeps one reduction order per row whatever the multiple, the row's offset and the thread
 count is not something every vendor documents, so it is proved here, on a model's own
-shapes, before aligned kernels serve (`Decoder` asks for it), and aligned mode is refused with
-an `AlignmentError` naming the shape that failed.
+shapes, before aligned kernels serve (`Decoder` asks for it, through
+`parity.model.devices.require_alignment`), and aligned mode is refused with an
+`AlignmentError` naming the shape that failed.
 
 What is probed (`Shapes.of(config)`), each at 1 and 2 threads and the process's count:
   linear      every distinct (in, out, bias) GEMM of the model (q/k/v stacked, o, gate/up
@@ -42,7 +43,7 @@ import torch
 from parity.model import blas, fused
 from parity.model.config import ModelConfig
 from parity.model.gemm import ROW_TILE
-from parity.model.kernels import ALIGNED, Kernels
+from parity.model.kernels import ALIGNED_CPU, Kernels
 from parity.model.layout import KV_TILE, SeqLayout
 
 PROBE_VERSION = 1
@@ -55,10 +56,6 @@ CLASS_EDGES = tuple(m for m in SMALL_ROWS if m <= ROW_TILE or m % ROW_TILE in (0
 LARGE_ROWS = (100, 300, 1000, 3000)  # learner-sized calls, as far as LARGE_BUDGET allows
 LARGE_BUDGET = 2**26  # multiply-adds (or elements) per probe call for the learner-sized counts
 ATTENTION_LEN = 2 * KV_TILE + 7  # crosses two tile boundaries and a 64-row query piece
-
-
-class AlignmentError(RuntimeError):
-    """Aligned kernels are not row-invariant on this machine; aligned mode is refused."""
 
 
 @dataclass(frozen=True)
@@ -282,7 +279,7 @@ def _attention(p: _Probe, hq: int, hkv: int, d: int) -> bool:
     return True
 
 
-def fingerprint(cfg: ModelConfig | Shapes, kernels: Kernels = ALIGNED) -> str:
+def fingerprint(cfg: ModelConfig | Shapes, kernels: Kernels = ALIGNED_CPU) -> str:
     """A digest of one fixed, seeded computation per op at cfg's shapes (no model weights).
 
     Each machine proves its own kernels invariant; two machines can each be invariant and
@@ -336,7 +333,7 @@ def cache_dir() -> Path:
 _VERDICTS: dict[str, Verdict] = {}
 
 
-def verify(cfg: ModelConfig | Shapes, kernels: Kernels = ALIGNED, cache: bool = True) -> Verdict:
+def verify(cfg: ModelConfig | Shapes, kernels: Kernels = ALIGNED_CPU, cache: bool = True) -> Verdict:
     """Run (or recall) the proof for a model's shapes on this machine."""
     shapes = cfg if isinstance(cfg, Shapes) else Shapes.of(cfg)
     threads = sorted({1, 2, torch.get_num_threads()})
@@ -395,17 +392,3 @@ def probe(cfg: ModelConfig | Shapes) -> dict:
     return {"cpu": m["cpu"], "isa": m["isa"], "torch": str(m["torch"]),
             "torch_capability": m["torch_capability"], "blas": m["mkl_mode"] or m["blas"],
             "proof_ok": proof.ok, "proof_failure": proof.failure, "fingerprint": fingerprint(cfg)}
-
-
-def require_alignment(cfg: ModelConfig, device: torch.device | str | None = None) -> Verdict:
-    """The proof for `cfg`'s shapes, or AlignmentError. Called before aligned kernels serve;
-    on a CUDA `device`, the GPU kernel set's proof there (`parity.model.gpu.selfcheck`)."""
-    if device is not None and torch.device(device).type == "cuda":
-        from parity.model.gpu.selfcheck import require_device_alignment
-
-        return require_device_alignment(cfg, torch.device(device))
-    blas.configure()  # strict CNR, if MKL has not run yet in this process (parity.model.blas)
-    verdict = verify(cfg)
-    if not verdict.ok:
-        raise AlignmentError(refusal(verdict))
-    return verdict

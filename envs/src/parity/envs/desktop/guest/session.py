@@ -12,16 +12,14 @@ import contextlib
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from ctypes import CDLL
 
 from . import atspi, browser, office
+from .processes import become_subreaper, descendants, descendants_of, remove_path, zombie_children
 from .screen import Framebuffer
 
 APPS: dict[str, list[str]] = {
@@ -78,7 +76,10 @@ class Session:
 
     def start(self) -> None:
         """Start Xvfb and openbox and wait until both are ready."""
-        _become_subreaper()
+        try:
+            become_subreaper()
+        except OSError as e:
+            raise SessionError(str(e)) from e
         os.makedirs(os.path.join(self.run_dir, "fb"), exist_ok=True)
         os.makedirs(self.a11y_dir, exist_ok=True)
         read_fd, write_fd = os.pipe()
@@ -175,14 +176,14 @@ class Session:
         except ChildProcessError:  # no children at all
             return
         keep = {p.pid for p in (self.xvfb, self.wm, *self.support) if p is not None}
-        for pid in _zombie_children(os.getpid()) - keep:  # ours keep their exit codes for Popen
+        for pid in zombie_children(os.getpid()) - keep:  # ours keep their exit codes for Popen
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, 0)
 
     def reset(self) -> None:
         """Kill everything tasks started, empty the home, park the pointer; the screen is then blank."""
         keep = {p.pid for p in (self.xvfb, self.wm, *self.support) if p is not None}
-        doomed = _descendants(os.getpid()) - keep - _descendants_of(keep)
+        doomed = descendants(os.getpid()) - keep - descendants_of(keep)
         for pid in doomed:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -191,7 +192,7 @@ class Session:
                 os.waitpid(pid, 0)
         self._wait(lambda: not self.windows(), 5, "windows to close")
         for entry in os.listdir(self.home):
-            _remove(os.path.join(self.home, entry))
+            remove_path(os.path.join(self.home, entry))
         for entry in os.listdir(self.a11y_dir):
             os.remove(os.path.join(self.a11y_dir, entry))
         office.write_profile(self.office_profile)
@@ -286,7 +287,7 @@ class Session:
         """CPU time used so far by every process below the server (from /proc/PID/schedstat,
         in nanoseconds: /proc/PID/stat's 10 ms ticks miss short bursts)."""
         total = 0
-        for pid in _descendants(os.getpid()):
+        for pid in descendants(os.getpid()):
             try:
                 with open(f"/proc/{pid}/schedstat") as f:
                     total += int(f.read().split()[0])
@@ -364,62 +365,3 @@ class Session:
             if time.monotonic() > deadline:
                 raise SessionError(f"timed out after {timeout:g} s waiting for {what}")
             time.sleep(0.05)
-
-
-def _become_subreaper() -> None:
-    """Adopt orphaned descendants (daemons that double-fork), so reset can find and kill them."""
-    pr_set_child_subreaper = 36
-    if CDLL(None, use_errno=True).prctl(pr_set_child_subreaper, 1, 0, 0, 0) != 0:
-        raise SessionError("prctl(PR_SET_CHILD_SUBREAPER) failed")
-
-
-def _processes() -> Iterator[tuple[int, str, int]]:
-    """(pid, state, parent pid) of every process in /proc; one that exits meanwhile is skipped."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                state, ppid = f.read().rsplit(")", 1)[1].split()[:2]
-        except (OSError, IndexError, ValueError):
-            continue
-        yield int(entry), state, int(ppid)
-
-
-def _descendants_of(roots: set[int]) -> set[int]:
-    """Every process below any of `roots` (by parent links in /proc)."""
-    children: dict[int, list[int]] = {}
-    for pid, _, ppid in _processes():
-        children.setdefault(ppid, []).append(pid)
-    found: set[int] = set()
-    stack = list(roots)
-    while stack:
-        for child in children.get(stack.pop(), []):
-            if child not in found:
-                found.add(child)
-                stack.append(child)
-    return found
-
-
-def _descendants(root: int) -> set[int]:
-    """Every process below `root`."""
-    return _descendants_of({root})
-
-
-def _zombie_children(parent: int) -> set[int]:
-    """The exited, not yet reaped children of `parent` (state Z in /proc)."""
-    return {pid for pid, state, ppid in _processes() if state == "Z" and ppid == parent}
-
-
-def _remove(path: str) -> None:
-    """Remove a file or a tree. The window manager, which reset keeps, may be writing its
-    font cache under the home at that moment ("Directory not empty"): try again briefly."""
-    for _ in range(20):
-        try:
-            shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
-            return
-        except FileNotFoundError:
-            return
-        except OSError:
-            time.sleep(0.05)
-    shutil.rmtree(path, ignore_errors=True)

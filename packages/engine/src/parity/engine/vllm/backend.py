@@ -21,7 +21,6 @@ import tempfile
 import time
 import weakref
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +30,7 @@ from parity.core.timing import GENERATING, StateClock
 from parity.core.types import Completion, SamplingParams
 from parity.engine.engine import EngineInputError
 from parity.engine.vllm.environment import check_vllm_env
+from parity.engine.vllm.settings import VllmSettings
 from parity.engine.weights import WeightUpdateError
 
 GUEST = Path(__file__).parent / "guest"
@@ -38,25 +38,6 @@ GUEST = Path(__file__).parent / "guest"
 
 class VllmError(RuntimeError):
     """The vLLM server failed: it did not start, died, timed out or answered with an error."""
-
-
-@dataclass(frozen=True)
-class VllmSettings:
-    """How the vLLM server is started (the trainer's `[vllm]` section)."""
-
-    python: str = ""  # its interpreter; empty: environment.vllm_python's default
-    start_timeout_s: float = 600.0
-    request_timeout_s: float = 600.0
-    kv_cache_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE
-    max_model_len: int | None = None  # empty: the model's max_position_embeddings
-    max_num_seqs: int = 256
-    enforce_eager: bool = True  # no torch.compile: starts in seconds, not minutes
-    num_threads: int = 0  # OpenMP threads, bound to cores; 0: all this process may use
-    seed: int = 0
-    dtype: str = "float32"  # the run's model.dtype: float32 or bfloat16
-    batch_invariant: bool = False  # VLLM_BATCH_INVARIANT=1 (GPU kernels; see docs/vllm.md)
-    aligned: bool = False  # parity's decoder inside vLLM (parity.vllm_plugin): the learner's bits
-    max_num_batched_tokens: int | None = None  # tokens per engine step; small forces chunking
 
 
 def _stop(proc: subprocess.Popen[bytes], grace_s: float = 15.0) -> None:

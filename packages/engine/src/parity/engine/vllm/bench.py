@@ -16,8 +16,8 @@ from contextlib import AbstractContextManager, contextmanager
 import torch
 
 from parity.core.types import SamplingParams
-from parity.engine.bench import Episodes, MultiTurnCase, observations, run_episodes
 from parity.engine.kv_cache import KVPool
+from parity.engine.multi_turn import Episodes, MultiTurnCase, observations, run_episodes
 from parity.engine.vllm.backend import VllmBackend, VllmSettings
 from parity.model import Decoder, save_model
 

@@ -12,8 +12,7 @@ import functools
 
 import torch
 
-from parity.model.kernels import Kernels
-from parity.model.selfcheck import AlignmentError
+from parity.model.kernels import AlignmentError, Kernels
 
 MIN_CAPABILITY = (8, 0)
 

@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from parity.model.gpu.launch import OPTIONS, rows
+from parity.model.rowwise import differentiable_silu_mul
 
 ELEMENTWISE_BLOCK = 1024  # SiLU*mul: columns per program
 VOCAB_BLOCK = 4096  # log-softmax: vocabulary entries per step
@@ -115,28 +116,8 @@ def _silu_mul_fwd(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return y.view(gate.shape)
 
 
-class _SiluMul(torch.autograd.Function):
-    """The kernel's forward; the ordinary derivative of silu(gate) * up for backward."""
-
-    @staticmethod
-    def forward(ctx, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        ctx.save_for_backward(gate, up)
-        return _silu_mul_fwd(gate, up)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
-        gate, up = ctx.saved_tensors
-        g, u, gf = gate.float(), up.float(), grad.float()
-        sig = torch.sigmoid(g)
-        return ((gf * u * sig * (1 + g * (1 - sig))).to(gate.dtype),
-                (gf * g * sig).to(up.dtype))
-
-
-def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """gate / (1 + exp(-gate)) * up, in fp32, rounded to gate's dtype."""
-    if torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad):
-        return _SiluMul.apply(gate, up)
-    return _silu_mul_fwd(gate, up)
+# gate / (1 + exp(-gate)) * up, in fp32, rounded to gate's dtype
+silu_mul = differentiable_silu_mul(_silu_mul_fwd)
 
 
 def _log_softmax_fwd(logits: torch.Tensor) -> torch.Tensor:

@@ -23,8 +23,8 @@ from parity.model import selfcheck
 from parity.model.config import ModelConfig
 from parity.model.gpu import KERNELS
 from parity.model.gpu.device import kernels_for
-from parity.model.kernels import Kernels
-from parity.model.selfcheck import AlignmentError, Shapes, Verdict
+from parity.model.kernels import AlignmentError, Kernels
+from parity.model.selfcheck import Shapes, Verdict
 
 DTYPES = (torch.float32, torch.bfloat16)
 

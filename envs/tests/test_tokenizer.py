@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from parity.model.tokenizer import (
+from parity.envs.tokenizer import (
     TokenizerError,
     build_project_tokenizer,
     load_tokenizer,

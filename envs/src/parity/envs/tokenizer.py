@@ -119,22 +119,26 @@ class Tokenizer:
         n = self.vocab_size
         return self.backend.decode([int(i) for i in ids if 0 <= int(i) < n], skip_special_tokens=False)
 
-    def render_text(self, messages: Sequence[Message], add_generation_prompt: bool = False) -> str:
-        """The chat template applied to `messages` (dicts with at least role and content)."""
+    def render_text(self, messages: Sequence[Message], add_generation_prompt: bool = False,
+                    tools: Sequence[Mapping[str, Any]] | None = None) -> str:
+        """The chat template applied to `messages` (dicts with at least role and content) and,
+        when given, `tools` (OpenAI-style function definitions, for templates that show them)."""
         try:
             return self._template.render(
                 messages=[dict(m) for m in messages],
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token or "",
                 eos_token=self.eos_token,
+                **({"tools": [dict(t) for t in tools]} if tools else {}),
             )
         except jinja2.TemplateError as e:
             raise TokenizerError(f"{self.source}: chat template failed: {e}") from e
 
     def apply_chat_template(
-        self, messages: Sequence[Message], add_generation_prompt: bool = False
+        self, messages: Sequence[Message], add_generation_prompt: bool = False,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> list[int]:
-        return self.encode(self.render_text(messages, add_generation_prompt))
+        return self.encode(self.render_text(messages, add_generation_prompt, tools))
 
     def save(self, directory: str | Path) -> Path:
         """Write tokenizer.json, tokenizer_config.json and special_tokens_map.json."""

@@ -1,0 +1,106 @@
+"""The audit over models: every scenario of `parity.engine.audit` on each model, on the parity
+engine or a vLLM server, and the JSON report with its verdict (`parity audit`)."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
+
+from parity.engine.audit import (
+    BACKEND_SCENARIOS,
+    MIN_UNCERTAIN_FRACTION,
+    MIN_UNCERTAIN_TOKENS,
+    SCENARIOS,
+    Auditor,
+)
+from parity.model import AlignmentError, Decoder
+from parity.model.dtypes import dtype_name
+from parity.model.selfcheck import machine, verify
+
+if TYPE_CHECKING:
+    from parity.engine.vllm import VllmSettings
+
+
+def run_audit(model: Decoder, seed: int = 0, backend: Any = None) -> dict:
+    """Every scenario on `model` (in its current kernel mode), on the parity engine or on
+    `backend` (those of BACKEND_SCENARIOS); the JSON-ready report."""
+    auditor = Auditor(model, seed, backend=backend)
+    run = BACKEND_SCENARIOS if backend is not None else SCENARIOS
+    results = [asdict(auditor.run_scenario(sid)) for sid in run]
+    compared = sum(r["tokens_compared"] for r in results)
+    uncertain = sum(r["uncertain_tokens"] for r in results)
+    return {
+        "kernels": model.kernels.mode,
+        "dtype": dtype_name(model.compute_dtype),
+        "scenarios": results,
+        "tokens_compared": compared,
+        "uncertain_tokens": uncertain,
+        "conclusive": uncertain >= max(MIN_UNCERTAIN_TOKENS, MIN_UNCERTAIN_FRACTION * compared),
+        "all_bitwise_equal": all(r["bitwise_equal"] for r in results),
+        "not_run": [sid for sid in SCENARIOS if sid not in run],
+    }
+
+
+def _on_vllm(model: Decoder, seed: int, settings: VllmSettings) -> dict:
+    """run_audit with vLLM serving `model`'s weights (saved to a temporary directory)."""
+    from parity.engine.vllm import VllmBackend
+    from parity.model import save_model
+
+    with tempfile.TemporaryDirectory(prefix="parity-audit-") as d:
+        save_model(model, d)
+        backend = VllmBackend(d, settings.model_copy(update={"dtype": dtype_name(model.compute_dtype)}))
+        try:
+            return {**run_audit(model, seed, backend), "vllm": backend.env["version"]}
+        finally:
+            backend.close()
+
+
+def audit_models(models: list[tuple[str, Callable[[], Decoder]]], kernels: str, seed: int = 0,
+                 progress: Callable[[str], None] = lambda _: None,
+                 vllm: VllmSettings | None = None) -> dict:
+    """`run_audit` on each (name, build) model, on the parity engine or, given `vllm`, on a
+    vLLM server; the JSON-ready report of them all.
+
+    `passed` is the outcome each mode must show: aligned, every model bit-identical on a
+    conclusive audit (and its start-up proof passed); standard, every model showing
+    differences on a conclusive audit — an audit that finds none cannot fail. On vLLM's own
+    model the audit measures (its kernels are not the learner's): it passes when conclusive;
+    on vLLM running parity's decoder (`vllm.aligned`) it must be bit-identical, as on parity's
+    engine."""
+    entries = []
+    for name, build in models:
+        progress(name)
+        entry: dict = {"model": name}
+        try:
+            model = build()
+        except AlignmentError as e:  # the start-up proof refused aligned kernels here
+            entry.update(error=str(e), all_bitwise_equal=False, conclusive=False, passed=False)
+            entries.append(entry)
+            continue
+        cfg = model.config
+        entry.update(family=cfg.model_type, params=sum(p.numel() for p in model.parameters()),
+                     hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+                     heads=cfg.num_attention_heads, kv_heads=cfg.kv_heads)
+        if kernels == "aligned":
+            v = verify(cfg)
+            entry["selfcheck"] = {"ok": v.ok, "checks": v.checks, "seconds": v.seconds,
+                                  "threads": v.threads, "cached": v.cached}
+        entry.update(run_audit(model, seed) if vllm is None else _on_vllm(model, seed, vllm))
+        same = entry["all_bitwise_equal"]
+        expected = same if kernels == "aligned" else not same
+        measured_only = vllm is not None and not vllm.aligned
+        entry["passed"] = entry["conclusive"] and (expected or measured_only)
+        entries.append(entry)
+    dtypes = sorted({e["dtype"] for e in entries if "dtype" in e})
+    return {
+        "kernels": kernels,
+        "dtype": "/".join(dtypes) or "-",
+        "engine": "parity" if vllm is None else "vllm-aligned" if vllm.aligned else "vllm",
+        "machine": machine(),
+        "models": entries,
+        "all_bitwise_equal": all(e["all_bitwise_equal"] for e in entries),
+        "conclusive": all(e["conclusive"] for e in entries),
+        "passed": all(e["passed"] for e in entries),
+    }
