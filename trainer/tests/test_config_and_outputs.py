@@ -7,6 +7,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from parity.core.config import ConfigError
@@ -25,6 +26,7 @@ from parity.core.trace import chrome_trace
 from parity.trainer.admission import AdmissionState
 from parity.trainer.checkpoint import (
     CheckpointError,
+    CheckpointFormatError,
     latest_checkpoint,
     load_checkpoint,
     save_checkpoint,
@@ -224,6 +226,19 @@ def _write_model(d: Path) -> None:
 
 
 NO_DRIVER = DriverState(AdmissionState(), Counters())  # a run that has not started a group
+
+
+def test_a_checkpoint_of_an_earlier_layout_is_refused_naming_its_model(tmp_path: Path) -> None:
+    old = tmp_path / "step_000004"
+    (old / "model").mkdir(parents=True)
+    for name in ("optimizer.pt", "state.pt", "queue.pt"):  # the layout before driver.pt
+        torch.save({}, old / name)
+    with pytest.raises(CheckpointFormatError) as e:
+        load_checkpoint(old)
+    assert str(e.value) == (
+        f"{old} was written by an earlier version of parity (queue.pt, no driver.pt) and cannot "
+        f"be resumed by this one; its model is intact: start a new run from it with "
+        f"--set model.path={old / 'model'}")
 
 
 def test_pruning_keeps_the_checkpoint_just_written(tmp_path: Path) -> None:

@@ -31,7 +31,12 @@ from parity.trainer.driver_state import DriverState
 
 
 class CheckpointError(RuntimeError):
-    """A checkpoint could not be written; the previous one is intact."""
+    """A checkpoint could not be written (the previous one is intact), or a run directory's
+    checkpoints are damaged."""
+
+
+class CheckpointFormatError(CheckpointError):
+    """A checkpoint written by an earlier parity, in a layout this one cannot resume."""
 
 
 @dataclass
@@ -121,10 +126,10 @@ def latest_checkpoint(root: Path) -> Path | None:
 
 
 def load_checkpoint(path: Path) -> Checkpoint:
-    """The checkpoint at `path`; CheckpointError for one an earlier parity wrote (its driver
+    """The checkpoint at `path`; CheckpointFormatError for one an earlier parity wrote (its driver
     state was in state.pt and queue.pt, with trajectories of another layout)."""
     if (path / "queue.pt").is_file() and not (path / "driver.pt").is_file():
-        raise CheckpointError(
+        raise CheckpointFormatError(
             f"{path} was written by an earlier version of parity (queue.pt, no driver.pt) and "
             f"cannot be resumed by this one; its model is intact: start a new run from it with "
             f"--set model.path={path / 'model'}")

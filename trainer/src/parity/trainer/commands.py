@@ -93,10 +93,10 @@ def _failure(err: Exception, run_dir: Path) -> tuple[str, int]:
     from parity.envs.preflight import EnvConfigError
     from parity.model import ModelConfigError, WeightsError
     from parity.model.dtypes import DtypeError
-    from parity.trainer.checkpoint import CheckpointError, latest_checkpoint
+    from parity.trainer.checkpoint import CheckpointError, CheckpointFormatError, latest_checkpoint
 
     bad_input = (ConfigError, FileNotFoundError, ModelConfigError, WeightsError, DtypeError,
-                 TaskDataError, EnvConfigError)
+                 TaskDataError, EnvConfigError, CheckpointFormatError)
     line = _one_line(err)
     if run_dir.is_dir():
         log = run_dir / "error.log"
@@ -104,7 +104,8 @@ def _failure(err: Exception, run_dir: Path) -> tuple[str, int]:
         if not isinstance(err, bad_input):
             line += f" (traceback: {log})"
         with contextlib.suppress(CheckpointError):  # a damaged directory has no resume
-            if latest_checkpoint(run_dir / "checkpoints") is not None:
+            if latest_checkpoint(run_dir / "checkpoints") is not None and \
+                    not isinstance(err, CheckpointFormatError):
                 line += f"; resume with: parity train --resume {run_dir}"
     return line, 2 if isinstance(err, bad_input) else 1
 

@@ -91,6 +91,10 @@ class RolloutSection(ActorPlacement):
 
 
 class LearnerSection(ActorPlacement):
+    ranks: int = Field(1, ge=1, description="data-parallel learner ranks, one Ray actor each "
+                       "(num_cpus, num_gpus and resources are per rank): each batch is split "
+                       "across them by tokens, gradients all-reduced, AdamW's state sharded "
+                       "(docs/scaling.md)")
     num_cpus: float = Field(1.0, gt=0, description="Ray CPUs reserved for the learner")
     num_gpus: float = Field(0.0, ge=0)
 

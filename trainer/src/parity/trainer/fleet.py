@@ -22,6 +22,7 @@ from parity.trainer.config import TrainConfig
 from parity.trainer.driver_state import Counters
 from parity.trainer.errors import LearnerDied, RunStopped, cause
 from parity.trainer.learner_actor import LearnerActor, ModelIO
+from parity.trainer.learner_group import LearnerGroup, handles
 from parity.trainer.nodes import (
     NodeMismatchError,
     PlacementError,
@@ -70,7 +71,8 @@ class Fleet:
         lc = cfg.learner
         self.learner = ray.remote(LearnerActor).options(
             num_cpus=lc.num_cpus, num_gpus=lc.num_gpus, resources=lc.resources,
-        ).remote(cfg, io, load_dir, model_dir)
+        ).remote(cfg, io, load_dir, model_dir) if lc.ranks == 1 else \
+            LearnerGroup(cfg, io, load_dir, model_dir)
         self.placement: dict[str, dict[str, Any]] = {}  # role -> where it runs (nodes.here)
         self.workers = [_Worker(StateClock(Timeline(f"rollout-{w}"), None, cat="hold"))
                         for w in range(cfg.rollout.workers)]
@@ -97,7 +99,8 @@ class Fleet:
         return self.learner_call(self.learner.restore.remote(ckpt))
 
     def close(self) -> None:
-        for actor in [*(wk.actor for wk in self.workers if wk.actor is not None), self.learner]:
+        for actor in [*(wk.actor for wk in self.workers if wk.actor is not None),
+                      *handles(self.learner)]:
             self.ray.kill(actor, no_restart=True)
 
     def _make_worker(self, w: int) -> Any:
@@ -145,8 +148,8 @@ class Fleet:
             roles = [role for (role, _), ref in zip(actors, refs, strict=True) if ref in late]
             asks = _asks(self.cfg)
             keys = sorted({asks[role.rstrip(" 0123456789")][1] for role in roles})
-            for _, a in actors:
-                self.ray.kill(a, no_restart=True)
+            for h in [h for _, a in actors for h in handles(a)]:
+                self.ray.kill(h, no_restart=True)
             raise PlacementError(
                 f"placement: the {', '.join(roles)} did not start within "
                 f"train.start_timeout_s = {t:g} s. A node could hold it, but its resources are "
@@ -269,8 +272,14 @@ class Fleet:
             return self.ray.get(ref, timeout=timeout)
         except self.ray.exceptions.RayActorError as e:
             raise LearnerDied(f"the learner actor died: {cause(e)}") from e
+        except self.ray.exceptions.RayTaskError as e:
+            if len(handles(self.learner)) == 1:
+                raise
+            # rank 0's collective failed: another rank died or hung past train.sync_timeout_s
+            raise LearnerDied(f"a learner rank failed: {cause(e)}") from e
         except self.ray.exceptions.GetTimeoutError as e:
-            self.ray.kill(self.learner, no_restart=True)
+            for a in handles(self.learner):
+                self.ray.kill(a, no_restart=True)
             raise LearnerDied(f"the learner actor hung: no answer within train.sync_timeout_s "
                               f"= {timeout:g} s") from e
 

@@ -114,15 +114,34 @@ class Learner:
         self.cfg = cfg
         self.model = model
         self.logprob_fn = logprob_fn
-        o = cfg.optim
-        self.opt = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=o.betas, eps=o.eps,
-                                     weight_decay=o.weight_decay)
+        self.opt = self._optimizer()
         self.version = 0
         self.history: dict[int, dict[str, Tensor]] = {0: self.weights()}
         self._shadow: nn.Module | None = None  # loads older versions for the D3 split
         self.timeline = Timeline("learner")
         self.clock = StateClock(self.timeline, WAITING)  # the learner's exclusive state
         self.skipped_nonfinite = 0
+
+    def _optimizer(self) -> torch.optim.Optimizer:
+        """AdamW over the model's parameters (a sharded learner shards its state)."""
+        o = self.cfg.optim
+        return torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=o.betas, eps=o.eps,
+                                 weight_decay=o.weight_decay)
+
+    def _micro_batches(self, b: Batch) -> list[list[int]]:
+        """The micro-batches this learner computes: all of the batch's sequences."""
+        return micro_batches(b.lengths, self.cfg.optim.micro_batch_tokens)
+
+    def _combine(self, logp_k: Tensor, gate: Tensor, total: float) -> tuple[Tensor, Tensor, float]:
+        """The whole batch's logprobs, gate and loss sum from this learner's share: its own."""
+        return logp_k, gate, total
+
+    def _reduce_grads(self) -> None:
+        """The whole batch's gradient sum from this learner's share: already in place."""
+
+    def _moments(self, p: Tensor) -> dict[str, Tensor]:
+        """AdamW's state of parameter `p` ({} before its first step)."""
+        return self.opt.state.get(p, {})
 
     def weights(self) -> dict[str, Tensor]:
         """A CPU copy of the current weights (HF parameter names), in the dtype the model
@@ -156,7 +175,7 @@ class Learner:
         tl.step = k
         cfg = self.cfg
         b = collate(groups)
-        mbs = micro_batches(b.lengths, cfg.optim.micro_batch_tokens)
+        mbs = self._micro_batches(b)
         logp_k = torch.zeros_like(b.mu)
         self.model.train()
         self.opt.zero_grad(set_to_none=True)
@@ -180,9 +199,11 @@ class Learner:
                 loss.backward()
             logp_k[idx] = lp.detach().double()
             total += float(loss.detach())
+        logp_k, gate, total = self._combine(logp_k, gate, total)
         n_kept = int((gate & (b.mask.sum(-1) > 0)).sum())
         stats = self._is_stats(b, mbs, logp_k, gate)
 
+        self._reduce_grads()
         with clock.during(OPTIMIZER), tl.span("optimizer", "optim"):
             for p in self.model.parameters():
                 if p.grad is not None:
@@ -279,8 +300,8 @@ class Learner:
             with torch.no_grad():
                 for p, p0 in zip(self.model.parameters(), before, strict=True):
                     p.lerp_(p0, 1.0 - s)
-                    if "exp_avg" in self.opt.state.get(p, {}):
-                        self.opt.state[p]["exp_avg"].mul_(s)
+                    if "exp_avg" in self._moments(p):
+                        self._moments(p)["exp_avg"].mul_(s)
         return {"kl/update_sampled": kl, "trust/scale": s}
 
     def _update_kl(self, b: Batch, mbs: list[list[int]], logp_k: Tensor) -> float:

@@ -36,6 +36,8 @@ class LearnerActor:
     `load_dir` (the run's model, or the checkpoint it resumes from); checkpoints take their
     tokenizer files from `model_dir`, the run's own model, which is never deleted."""
 
+    learner_class: type[Learner] = Learner  # a rank of a group: ShardedLearner
+
     def __init__(self, cfg: TrainConfig, io: ModelIO, load_dir: str, model_dir: str) -> None:
         import torch
 
@@ -45,8 +47,8 @@ class LearnerActor:
         self.cfg = cfg
         self.io = io
         self.model_dir = Path(model_dir)
-        self.learner = Learner(LearnerSettings.of(cfg), io.load(load_dir, cfg.model.kernels),
-                               io.logprobs)
+        self.learner = self.learner_class(LearnerSettings.of(cfg),
+                                          io.load(load_dir, cfg.model.kernels), io.logprobs)
 
     def node_probe(self, model_config: Any) -> dict[str, Any]:
         """The learner's process: its aligned kernels' fingerprint (parity.trainer.nodes)."""

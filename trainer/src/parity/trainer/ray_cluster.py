@@ -33,8 +33,10 @@ def start_ray(address: str, cfg: TrainConfig) -> None:
         _join(address, cfg.train.start_timeout_s)
         return
     r = cfg.rollout
-    need = cfg.learner.num_cpus + r.workers * r.num_cpus_per_worker
-    custom = {k: v + r.workers * r.resources.get(k, 0.0) for k, v in cfg.learner.resources.items()}
+    lc = cfg.learner
+    need = lc.ranks * lc.num_cpus + r.workers * r.num_cpus_per_worker
+    custom = {k: lc.ranks * v + r.workers * r.resources.get(k, 0.0)
+              for k, v in lc.resources.items()}
     custom |= {k: r.workers * v for k, v in r.resources.items() if k not in custom}
     # address="local": a Ray of its own, even when another job's Ray runs on this machine
     ray.init(address="local", num_cpus=max(os.cpu_count() or 1, int(need + 0.999)),

@@ -50,6 +50,7 @@ CATEGORIES = (
 FORWARD, BACKWARD, OPTIMIZER, D3_SPLIT = "forward", "backward", "optimizer", "D3 split"
 LEARNER_OTHER = "other (collate, IS stats, version history)"
 WAITING, PUBLISHING, CHECKPOINTING = "waiting for data", "publishing weights", "checkpointing"
+COLLECTIVE = "waiting on collectives"  # a learner rank: its share done, the group's not
 # rollout worker (PREFILL: an engine step computing any row of more than one token):
 PREFILL, DECODE = "engine: prefill", "engine: decode"
 # a vLLM worker sees only its requests, not the engine's steps: requests in flight
@@ -58,7 +59,8 @@ ENV_WAIT = "waiting on envs"  # episodes in flight, the engine not stepping
 HELD, LOADING, IDLE = "held by admission control", "loading weights", "idle"
 UNRECORDED = "unrecorded"  # a step window's time no state span of the actor covers
 STATE_ORDER = (FORWARD, BACKWARD, OPTIMIZER, D3_SPLIT, LEARNER_OTHER, PUBLISHING, CHECKPOINTING,
-               WAITING, PREFILL, DECODE, GENERATING, ENV_WAIT, LOADING, HELD, IDLE, UNRECORDED)
+               WAITING, PREFILL, DECODE, GENERATING, ENV_WAIT, LOADING, HELD, IDLE, UNRECORDED,
+               COLLECTIVE)  # last: the states before it keep their plot colours
 
 
 @dataclass

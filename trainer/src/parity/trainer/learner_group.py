@@ -1,0 +1,125 @@
+"""The learner as `learner.ranks` Ray actors in one torch.distributed group (gloo on CPU;
+NCCL for GPU tensors when each rank has a GPU), each a `ShardedLearner`
+(parity.trainer.sharded_learner).
+
+The driver holds the group's TCPStore (every rank can reach it, whichever node it lands
+on); the ranks meet there when they start. `LearnerGroup` is the fleet's learner handle: a
+call runs on every rank, which meet in its collectives, and answers with rank 0's result;
+publishing, node probes and placement ask rank 0 alone, so weights cross to the rollout
+workers once per version, not once per rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from parity.core.timing import Span
+from parity.core.types import Trajectory
+from parity.trainer.config import TrainConfig
+from parity.trainer.driver_state import DriverState
+from parity.trainer.learner_actor import LearnerActor, ModelIO
+from parity.trainer.nodes import PlacementError, demand
+from parity.trainer.sharded_learner import ShardedLearner
+
+RANK0_ONLY = frozenset({"publish", "node_probe", "placement"})
+
+
+class LearnerRank(LearnerActor):
+    """Rank `rank` of the learner group; joins it through the driver's store at `store`
+    (host, port) before it loads the model. A collective that waits past
+    train.sync_timeout_s raises (the fleet then restarts the run from its checkpoint)."""
+
+    learner_class = ShardedLearner
+
+    def __init__(self, cfg: TrainConfig, io: ModelIO, load_dir: str, model_dir: str,
+                 rank: int, store: tuple[str, int]) -> None:
+        import torch.distributed as dist
+
+        t = cfg.train
+        # per device: the per-sequence rows and the spans are CPU tensors even on GPU ranks
+        backend = "cpu:gloo,cuda:nccl" if cfg.learner.num_gpus else "gloo"
+        dist.init_process_group(
+            backend, rank=rank, world_size=cfg.learner.ranks,
+            store=dist.TCPStore(*store, is_master=False,
+                                timeout=timedelta(seconds=t.start_timeout_s)),
+            timeout=timedelta(seconds=t.sync_timeout_s))
+        super().__init__(cfg, io, load_dir, model_dir)
+
+    def train_step(self, groups: list[list[Trajectory]]) -> tuple[dict[str, float], list[Span]]:
+        metrics, spans = super().train_step(groups)
+        return metrics, self._gathered(spans)
+
+    def drain_spans(self) -> list[Span]:
+        return self._gathered(super().drain_spans())
+
+    def checkpoint(self, root: str, step: int, driver: DriverState, keep: int) -> str:
+        """Rank 0 writes one learner's checkpoint (the whole AdamW state, gathered): any N
+        resumes it. The other ranks only send their shards; they return ""."""
+        self.learner.consolidate()
+        return super().checkpoint(root, step, driver, keep) if self.learner.rank == 0 else ""
+
+    def _gathered(self, spans: list[Span]) -> list[Span]:
+        """Every rank's `spans` on rank 0 (its own first); [] on the others."""
+        import torch.distributed as dist
+
+        parts: list[list[Span]] | None = [[] for _ in range(self.learner.ranks)] \
+            if self.learner.rank == 0 else None
+        dist.gather_object(spans, parts, dst=0)
+        return [s for part in parts for s in part] if parts is not None else []
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One method of the group: `.remote(...)` calls it on `actors`, returns the first's ref."""
+
+    actors: list[Any]
+    name: str
+
+    def remote(self, *args: Any) -> Any:
+        refs = [getattr(a, self.name).remote(*args) for a in self.actors]  # every rank
+        return refs[0]
+
+
+class LearnerGroup:
+    """The learner ranks behind one handle, as the fleet calls a single learner actor."""
+
+    def __init__(self, cfg: TrainConfig, io: ModelIO, load_dir: str, model_dir: str) -> None:
+        import ray
+        import torch.distributed as dist
+
+        problem = too_few_nodes(cfg, ray.nodes())
+        if problem:
+            raise PlacementError(problem)
+        host = ray.util.get_node_ip_address()
+        self.store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False,
+                                   timeout=timedelta(seconds=cfg.train.start_timeout_s))
+        lc = cfg.learner
+        self.actors = [ray.remote(LearnerRank).options(
+            num_cpus=lc.num_cpus, num_gpus=lc.num_gpus, resources=lc.resources,
+        ).remote(cfg, io, load_dir, model_dir, r, (host, self.store.port))
+            for r in range(lc.ranks)]
+
+    def __getattr__(self, name: str) -> _Call:
+        return _Call(self.actors[:1] if name in RANK0_ONLY else self.actors, name)
+
+
+def too_few_nodes(cfg: TrainConfig, nodes: list[dict[str, Any]]) -> str | None:
+    """None if the alive `nodes` (ray.nodes()) could hold learner.ranks ranks at once, with
+    nothing else running; else the error text naming the keys."""
+    lc = cfg.learner
+    need = {k: v for k, v in demand(lc.num_cpus, lc.num_gpus, lc.resources).items() if v > 0}
+    fits = sum(int(min(n["Resources"].get(k, 0.0) // v for k, v in need.items()))
+               for n in nodes if n.get("Alive"))
+    if fits >= lc.ranks:
+        return None
+    return (f"placement: the Ray cluster can hold {fits} of the learner.ranks = {lc.ranks} "
+            f"learner ranks, each of which needs {need} (learner.num_cpus = {lc.num_cpus:g}, "
+            f"learner.num_gpus = {lc.num_gpus:g}, learner.resources = {lc.resources}). Lower "
+            f"learner.ranks or those keys, or add nodes.")
+
+
+def handles(learner: Any) -> list[Any]:
+    """The Ray actors behind the fleet's learner handle (to kill them)."""
+    return learner.actors if isinstance(learner, LearnerGroup) else [learner]
