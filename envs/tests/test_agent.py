@@ -43,10 +43,10 @@ def test_tool_calls_and_exact_tokens() -> None:
     prompt = tok.encode("<|im_start|>user\nQ: 6*7=?<|im_end|>\n<|im_start|>assistant\n")
     delta = tok.encode("\n<|im_start|>tool\n42<|im_end|>\n<|im_start|>assistant\n")
     turn2 = tok.encode("<ans>42</ans><|im_end|>")
-    assert traj.tokens == prompt + turn1 + delta + turn2
-    assert traj.loss_mask == [0] * len(prompt) + [1] * len(turn1) + [0] * len(delta) + [1] * len(turn2)
-    assert traj.logprobs == [0.0] * len(prompt) + [-1 / 8] * len(turn1) + [0.0] * len(delta) + [-2 / 8] * len(turn2)
-    assert traj.versions == [-1] * len(prompt) + [1] * len(turn1) + [-1] * len(delta) + [2] * len(turn2)
+    assert traj.tokens.tolist() == prompt + turn1 + delta + turn2
+    assert traj.loss_mask.tolist() == [0] * len(prompt) + [1] * len(turn1) + [0] * len(delta) + [1] * len(turn2)
+    assert traj.logprobs.tolist() == [0.0] * len(prompt) + [-1 / 8] * len(turn1) + [0.0] * len(delta) + [-2 / 8] * len(turn2)
+    assert traj.versions.tolist() == [-1] * len(prompt) + [1] * len(turn1) + [-1] * len(delta) + [2] * len(turn2)
     assert engine.prompts == [prompt, prompt + turn1 + delta]  # the engine saw the buffer itself
     assert engine.sampling[0].stop_token_ids == tuple(tok.stop_token_ids)
     assert (traj.group_id, traj.reward, traj.failure, traj.finish_reason, traj.num_turns) == \

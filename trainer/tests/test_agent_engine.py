@@ -36,8 +36,8 @@ def test_agent_episode_on_the_engine_is_what_the_learner_scores() -> None:
             trajs.append(await run_episode(env, engine.agenerate, seed=seed, sampling=sampling))
             env.close()
         first = trajs[0]
-        prompt_len = first.loss_mask.index(1)
-        direct = await engine.agenerate(first.tokens[:prompt_len], sampling)
+        prompt_len = first.loss_mask.tolist().index(1)
+        direct = await engine.agenerate(first.tokens[:prompt_len].tolist(), sampling)
         return trajs, direct, prompt_len
 
     trajs, direct, prompt_len = asyncio.run(main())
@@ -45,10 +45,10 @@ def test_agent_episode_on_the_engine_is_what_the_learner_scores() -> None:
     assert any(t.reward == 1.0 for t in trajs)  # the warm-started model solves some
     # the endpoint adds nothing: the first turn is what the engine samples for that prompt
     first = trajs[0]
-    assert first.tokens[prompt_len:prompt_len + len(direct.token_ids)] == direct.token_ids
+    assert first.tokens[prompt_len:prompt_len + len(direct.token_ids)].tolist() == direct.token_ids
     # the learner's logprobs of the sampled tokens equal the engine's, bit for bit
     for t in trajs:
         with torch.no_grad():
-            lp = packed_logprobs(model, torch.tensor(t.tokens), [len(t.tokens)])
+            lp = packed_logprobs(model, torch.as_tensor(t.tokens, dtype=torch.long), [len(t.tokens)])
         sampled = [i for i, m in enumerate(t.loss_mask) if m]
         assert [lp[i - 1].item() for i in sampled] == [t.logprobs[i] for i in sampled]
