@@ -195,7 +195,7 @@ def test_checkpoint_is_atomic_and_keeps_newest(tmp_path: Path) -> None:
         (d / "config.json").write_text("{}")
 
     driver = DriverState(AdmissionState(cursor=9, consumed=6, dropped={3: "ValueError"},
-                                        done={7: []}), Counters(dropped=1))
+                                        done={7: []}), Counters(worker_restarts=1))
     for step in (2, 4, 6):
         save_checkpoint(tmp_path, step, write_model=write_model, optimizer={"s": step},
                         learner={"version": step}, driver=driver, keep=2)

@@ -26,10 +26,10 @@ def test_the_record_sums_each_category_of_the_step() -> None:
              Span("publish weights", "sync", "learner", 0.0, 0.125, step=3),
              Span(IDLE, "state", "rollout-1", 0.0, 2.0, step=3),
              Span("generate", "gen", "rollout-0", 0.0, 9.0, step=2)]  # another step's
-    counters = Counters(dropped=1, skipped_nonfinite=2)
+    counters = Counters(skipped_nonfinite=2)
     rec = step_record(3, {"reward/mean": 0.5}, {"loss": 0.25, "learner/tokens": 80.0,
                                                 "count/skipped_nonfinite": 2.0},
-                      spans, 4.0, 2, counters)
+                      spans, 4.0, 2, {"dropped": 1, **counters.as_dict()})
     assert rec == {
         "step": 3, "reward/mean": 0.5, "loss": 0.25,
         "timing/step_s": 4.0, "timing/gen_s": 1.5, "timing/env_s": 0.75,
@@ -39,7 +39,7 @@ def test_the_record_sums_each_category_of_the_step() -> None:
         "count/learner_restarts": 0}
     counters.node_mismatch = 1
     assert step_record(3, {}, {"learner/tokens": 0.0, "count/skipped_nonfinite": 0.0}, [],
-                       0.0, 1, counters)["count/node_mismatch"] == 1
+                       0.0, 1, counters.as_dict())["count/node_mismatch"] == 1
 
 
 def test_batch_stats_and_env_failures() -> None:

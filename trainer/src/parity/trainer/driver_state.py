@@ -10,9 +10,9 @@ from parity.trainer.admission import AdmissionState
 @dataclass
 class Counters:
     """The run's event counts, logged as `count/<name>` at every step and in the summary;
-    checkpointed, so that they add up across resumes."""
+    checkpointed, so that they add up across resumes. (The dropped groups are counted by
+    admission, which keeps them: `Orchestrator.counts`.)"""
 
-    dropped: int = 0  # groups dropped (their episode code raised, or too many failed)
     worker_restarts: int = 0  # rollout workers restarted (died, or hung)
     skipped_nonfinite: int = 0  # updates the learner skipped for a non-finite loss
     learner_restarts: int = 0  # learner actors restarted from a checkpoint

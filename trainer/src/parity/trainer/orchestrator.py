@@ -119,7 +119,6 @@ class Orchestrator:
             self._drop(g, "env_failures", why)
 
     def _drop(self, g: int, reason: str, why: str) -> None:
-        self.counters.dropped += 1
         print(f"parity train: group {g} dropped: {why}", file=sys.stderr)
         self.admission.drop(g, reason, why)
 
@@ -141,12 +140,17 @@ class Orchestrator:
                                step=self.step))
         self.counters.skipped_nonfinite = int(metrics["count/skipped_nonfinite"])
         rec = step_record(self.step, stats, metrics, self.spans, wall, len(fleet.workers),
-                          self.counters)
+                          self.counts())
         self.run_dir.log(rec)
         self.run_dir.log_spans(self.spans)
         self.spans = []
         self.step += 1
         return rec
+
+    def counts(self) -> dict[str, int]:
+        """The run's event counts by name: the groups dropped (admission's), then
+        `Counters`'."""
+        return {"dropped": len(self.admission.state.dropped), **self.counters.as_dict()}
 
     def _checkpoint(self) -> None:
         """Checkpoint the learner and the driver; unfinished groups are re-run on resume

@@ -8,7 +8,6 @@ from typing import Any
 
 from parity.core.timing import IDLE, Span, step_seconds
 from parity.core.types import Trajectory
-from parity.trainer.driver_state import Counters
 from parity.trainer.errors import RunStopped
 from parity.trainer.evaluate import pass_rate
 from parity.trainer.failures import describe, failure_metrics
@@ -19,12 +18,13 @@ LEARNER_CATS = ("learner_fwd", "learner_bwd", "optim", "checkpoint")
 
 
 def step_record(step: int, batch_stats: dict[str, float], metrics: dict[str, float],
-                spans: list[Span], wall: float, workers: int, counters: Counters
+                spans: list[Span], wall: float, workers: int, counts: dict[str, int]
                 ) -> dict[str, Any]:
     """The record of step `step`: `batch_stats` (what it trained on), the learner's
     `metrics` (their `learner/tokens` and `count/skipped_nonfinite` make
     throughput/tokens_per_s and the counter), timings from `spans` (those counted towards
-    the step), `wall` its seconds, `workers` the rollout workers."""
+    the step), `wall` its seconds, `workers` the rollout workers, `counts` the run's event
+    counts (`Orchestrator.counts`)."""
     secs = step_seconds(spans).get(step, {})
     # the workers' idle state (no episode in flight), held or not
     idle = sum(s.dur for s in spans if s.cat == "state" and s.name == IDLE
@@ -44,7 +44,7 @@ def step_record(step: int, batch_stats: dict[str, float], metrics: dict[str, flo
         "timing/rollout_idle_frac": min(1.0, idle / max(wall * workers, 1e-9)),
         "throughput/tokens_per_s": tokens / wall if wall > 0 else 0.0,
         "version": step + 1,
-        **{f"count/{k}": v for k, v in counters.as_dict().items()},
+        **{f"count/{k}": v for k, v in counts.items()},
     }
 
 

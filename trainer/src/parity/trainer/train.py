@@ -88,7 +88,7 @@ def run_training(cfg: TrainConfig, run_dir: Path, *, resume: bool = False,
                        "segments": len(segs),
                        "mode": cfg.train.mode, "max_lag": cfg.max_lag,
                        "heldout_success_before": before, "heldout_success_after": after,
-                       "placement": orch.fleet.placement, **orch.counters.as_dict()},
+                       "placement": orch.fleet.placement, **orch.counts()},
                       plots=cfg.output.plots)
 
 
