@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from parity.core.types import Completion
-from parity.envs.agent import AgentEnv, run_agent_segments
+from parity.envs.agent import AgentEnv, run_agent_episode
 
 TASK = {"question": "Q: 6*7=?", "answer": "42"}
 
@@ -32,5 +32,5 @@ class Engine:
 def play(agent, turns=(), reply=None, **kwargs):
     env = AgentEnv(agent=agent, tasks=[TASK], **kwargs)
     engine = Engine(env.tokenizer, turns, reply)
-    trajs = asyncio.run(run_agent_segments(env, engine, seed=0, group_id="g"))
-    return env.tokenizer, engine, trajs
+    traj = asyncio.run(run_agent_episode(env, engine, seed=0, group_id="g"))
+    return env.tokenizer, engine, traj.segments

@@ -11,7 +11,7 @@ import pytest
 from agent_engine import TASK, Engine, play
 
 from parity.envs import EpisodeLimits
-from parity.envs.agent import AgentEnv, run_agent_episode, run_agent_segments
+from parity.envs.agent import AgentEnv, run_agent_episode
 from parity.envs.agent.server import endpoint
 
 
@@ -152,6 +152,56 @@ def test_bad_requests_get_400_naming_the_field_and_the_episode_goes_on() -> None
     assert traj.metrics["agent/refused"] == 7.0 and traj.metrics["agent/requests"] == 8.0
 
 
+def test_tool_choice_starts_the_turn_with_the_call_it_forces() -> None:
+    tools = [{"type": "function", "function": {"name": "python", "parameters": {}}},
+             {"type": "function", "function": {"name": "shell", "parameters": {}}}]
+    named = {"type": "function", "function": {"name": "shell"}}
+    got, errors = [], []
+
+    async def agent(client, task):
+        chat = [{"role": "user", "content": "hi"}]
+        for bad in ({"type": "function", "function": {"name": "rm"}}, "always", {"type": "x"}):
+            try:
+                await client.chat.completions.create(model="policy", messages=chat, tools=tools,
+                                                     tool_choice=bad)
+            except openai.BadRequestError as e:
+                errors.append((e.body["param"], e.body["message"]))
+        for choice in ("required", named, "none"):
+            r = await client.chat.completions.create(model="policy", messages=chat, tools=tools,
+                                                     tool_choice=choice)
+            got.append(r.choices[0])
+            chat = [*chat, r.choices[0].message, {"role": "user", "content": "next"}]
+        return 1.0
+
+    call = '{"name": "python", "arguments": {"code": "1"}}</tool_call>'
+    replies = [call, '{"cmd": "ls"}}</tool_call>', "<tool_call>" + call]
+    tok, engine, [traj] = play(agent, replies)
+    assert errors == [
+        ("tool_choice", 'tool_choice: names function "rm", which is not one of the request\'s '
+                        "tools (python, shell)"),
+        ("tool_choice", "tool_choice: must be 'auto', 'none', 'required' or {'type': 'function', "
+                        "'function': {'name': str}}, got \"always\""),
+        ("tool_choice", "tool_choice: must be 'auto', 'none', 'required' or {'type': 'function', "
+                        "'function': {'name': str}}, got {\"type\": \"x\"}"),
+    ]
+    required, by_name, none = got
+    assert [c.finish_reason for c in got] == ["tool_calls", "tool_calls", "stop"]
+    assert (required.message.tool_calls[0].function.name, by_name.message.tool_calls[0].function.name) \
+        == ("python", "shell")
+    assert json.loads(by_name.message.tool_calls[0].function.arguments) == {"cmd": "ls"}
+    assert none.message.content == "<tool_call>" + call and not none.message.tool_calls
+    # the forced start is in the sequence the engine continued, unsampled (mask 0)
+    forced = [tok.encode("<tool_call>"), tok.encode('<tool_call>{"name": "shell", "arguments": ')]
+    for prompt, start in zip(engine.prompts, forced, strict=False):
+        assert prompt[-len(start):] == start
+    tokens, mask = traj.tokens.tolist(), traj.loss_mask.tolist()
+    at = len(engine.prompts[0])
+    assert mask[at - len(forced[0]):at] == [0] * len(forced[0])
+    assert tokens[at:at + len(tok.encode(call)) + 1] == [*tok.encode(call), tok.eos_token_id]
+    assert mask[at:at + len(tok.encode(call)) + 1] == [1] * (len(tok.encode(call)) + 1)
+    assert traj.messages[1] == {"role": "assistant", "content": "<tool_call>" + call}
+
+
 def test_too_many_rewrites_are_refused() -> None:
     said = []
 
@@ -275,7 +325,7 @@ def test_tools_are_shown_by_a_template_that_shows_them() -> None:
         return 1.0
 
     env = AgentEnv(agent=agent, tasks=[TASK], tokenizer=tok)
-    trajs = asyncio.run(run_agent_segments(env, Engine(tok, ["a", "b", "c"]), seed=0))
+    trajs = asyncio.run(run_agent_episode(env, Engine(tok, ["a", "b", "c"]), seed=0)).segments
     assert [tok.decode(t.tokens) for t in trajs] == [
         "<|im_start|>system\ntools: python<|im_end|>\n<|im_start|>user\nq<|im_end|>\n"
         "<|im_start|>assistant\na<|im_end|>\n<|im_start|>tool\n2<|im_end|>\n"

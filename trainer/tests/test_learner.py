@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 
 import pytest
@@ -209,3 +210,31 @@ def test_vcpo_lr_is_scaled_by_ess() -> None:
     m = learner.train_step(groups)
     assert m["is/ess_frac"] < 1.0
     assert m["lr"] == pytest.approx(1e-2 * m["is/ess_frac"])
+
+
+def _segmented(t: Trajectory, copies: int) -> Trajectory:
+    """`t` as an episode of `copies` segments, each `t`'s sequence."""
+    return dataclasses.replace(t, earlier=[dataclasses.replace(t) for _ in range(copies - 1)])
+
+
+def test_collate_gives_every_segment_a_row_weighted_by_its_episode() -> None:
+    model = TinyLM()
+    a, b = make_group(model, "a", SEQS_A, 2, [1.0, 0.0], 0)[:2]
+    batch = collate([[_segmented(a, 3), b]])
+    assert batch.lengths.tolist() == [len(a.tokens)] * 3 + [len(b.tokens)]
+    assert batch.rewards.tolist() == [1.0, 1.0, 1.0, 0.0]
+    assert batch.groups.tolist() == [0, 0, 0, 0]
+    assert batch.weights.tolist() == [1 / 3, 1 / 3, 1 / 3, 1.0]
+    assert batch.firsts.tolist() == [True, False, False, True]
+
+
+def test_an_episode_of_two_equal_segments_trains_as_one_of_that_sequence() -> None:
+    """Two copies of a sequence at 1/2 each are that sequence once: the same advantages,
+    the same N, the same loss to the bit (halving is exact)."""
+    model = TinyLM()
+    groups = _groups(model, 0)
+    split = [[_segmented(groups[0][0], 2), *groups[0][1:]], groups[1]]
+    one = Learner(_cfg(), copy.deepcopy(model), packed_logprobs).train_step(groups)
+    two = Learner(_cfg(), copy.deepcopy(model), packed_logprobs).train_step(split)
+    assert two["loss"] == one["loss"]
+    assert two["learner/tokens"] == one["learner/tokens"] + int(groups[0][0].loss_mask.sum())

@@ -160,3 +160,15 @@ def test_micro_batch_accumulation_equals_full_batch(b: int, t: int, seed: int) -
         part = slice(i, i + 1)
         (reinforce_zero_loss(acc[part], mu[part], mask[part], adv[part], cfg)[0] / n).backward()
     torch.testing.assert_close(acc.grad, full.grad)
+
+
+def test_a_segmented_episode_counts_once_in_its_groups_baseline() -> None:
+    # episode 0 has two segments (rows 0 and 1, both its reward 1), episode 1 one (reward 0)
+    rewards, groups = torch.tensor([1.0, 1.0, 0.0]), torch.tensor([0, 0, 0])
+    counted = torch.tensor([True, False, True])
+    assert group_advantages(rewards, groups, LossSection(), counted=counted).tolist() == [0.5, 0.5, -0.5]
+    cfg = LossSection(advantage="mean_std")
+    a = 0.5 / (0.5 + cfg.std_eps)  # the population std of the episodes' rewards [1, 0]
+    assert group_advantages(rewards, groups, cfg, counted=counted).tolist() == [a, a, -a]
+    # counted per row, the baseline would lean to the episode of more segments
+    assert group_advantages(rewards, groups, LossSection()).tolist() != [0.5, 0.5, -0.5]

@@ -104,11 +104,13 @@ class Episode:
 
     # ---- the model's turn -----------------------------------------------------------------
 
-    def act(self, action: Any) -> str:
+    def act(self, action: Any, prefix: str = "") -> str:
         """Take the model's turn from a step's action: its token ids, exactly as given, join
-        the sequence (mask 1) and its text the chat; returns the text. Anything malformed
-        becomes an empty turn, never an error."""
+        the sequence (mask 1) and its text the chat; returns the text. `prefix`: the text
+        the turn began with that the model did not sample (tokens the env put in the
+        sequence first, mask 0). Anything malformed becomes an empty turn, never an error."""
         text, ids = self._read_action(action)
+        text = prefix + text
         self.turns += 1
         self._turn = slice(len(self.tokens), len(self.tokens) + len(ids))
         self._append(ids, 1)

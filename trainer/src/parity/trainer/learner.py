@@ -49,20 +49,26 @@ LogprobFn = Callable[..., Tensor]  # (model, tokens [N] packed, lengths: list[in
 
 @dataclass
 class Batch(TokenBatch):
-    """Responses collated for the learner (`parity.model.batch`), with rewards and group
-    indices [B]."""
+    """Responses collated for the learner (`parity.model.batch`), one row per token sequence
+    (an episode of k segments has k rows), with per row: rewards, group indices, `weights`
+    (1/k) and `firsts` (True on the row that stands for its episode in the baseline) [B]."""
 
     rewards: Tensor
     groups: Tensor
+    weights: Tensor
+    firsts: Tensor
 
 
 def collate(groups: list[list[Trajectory]]) -> Batch:
-    """Pack the responses of `groups` (one list per prompt) into one batch."""
-    trajs = [t for g in groups for t in g]
+    """Pack the responses of `groups` (one list per prompt), every segment of each."""
+    rows = [(gi, t, s, i == 0) for gi, g in enumerate(groups) for t in g
+            for i, s in enumerate(t.segments)]
     return Batch(
-        **vars(collate_trajectories(trajs)),
-        rewards=torch.tensor([t.reward for t in trajs], dtype=torch.float64),
-        groups=torch.tensor([gi for gi, g in enumerate(groups) for _ in g]),
+        **vars(collate_trajectories([s for _, _, s, _ in rows])),
+        rewards=torch.tensor([t.reward for _, t, _, _ in rows], dtype=torch.float64),
+        groups=torch.tensor([gi for gi, _, _, _ in rows]),
+        weights=torch.tensor([1 / len(t.segments) for _, t, _, _ in rows], dtype=torch.float64),
+        firsts=torch.tensor([first for _, _, _, first in rows]),
     )
 
 
@@ -185,7 +191,8 @@ class Learner:
             log_rho = sequence_log_ratio(logp_k - b.mu, b.mask)
         else:
             log_rho = None
-        adv = group_advantages(b.rewards, b.groups, cfg.loss, log_rho)
+        # an episode's k segments: its advantage once in the baseline, 1/k of it on each
+        adv = group_advantages(b.rewards, b.groups, cfg.loss, log_rho, b.firsts) * b.weights
 
         gate = torch.ones(len(b.lengths), dtype=torch.bool)
         total = 0.0
@@ -200,14 +207,14 @@ class Learner:
             logp_k[idx] = lp.detach().double()
             total += float(loss.detach())
         logp_k, gate, total = self._combine(logp_k, gate, total)
-        n_kept = int((gate & (b.mask.sum(-1) > 0)).sum())
+        n_kept = float(b.weights[gate & (b.mask.sum(-1) > 0)].sum())  # episodes, in 1/k parts
         stats = self._is_stats(b, mbs, logp_k, gate)
 
         self._reduce_grads()
         with clock.during(OPTIMIZER), tl.span("optimizer", "optim"):
             for p in self.model.parameters():
                 if p.grad is not None:
-                    p.grad.div_(max(n_kept, 1))
+                    p.grad.div_(n_kept or 1.0)
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(),
                                                              cfg.optim.grad_clip))
             lr = lr_at(k, cfg.steps, cfg.optim.lr, cfg.optim.schedule,
@@ -233,7 +240,7 @@ class Learner:
         for v in [v for v in self.history if v < self.version - self.cfg.max_lag]:
             del self.history[v]
         return stats | {
-            "loss": total / max(n_kept, 1),
+            "loss": total / (n_kept or 1.0),
             "grad/norm": grad_norm,
             "lr": lr,
             "count/skipped_nonfinite": self.skipped_nonfinite,

@@ -22,25 +22,28 @@ from parity.trainer.is_stats import d3
 
 
 def group_advantages(rewards: Tensor, groups: Tensor, cfg: LossSection,
-                     log_rho: Tensor | None = None) -> Tensor:
+                     log_rho: Tensor | None = None, counted: Tensor | None = None) -> Tensor:
     """Advantage per response. `groups[i]` is the group index of response i.
 
     mean: A = R − mean_g R.  mean_std (GRPO): A = (R − mean_g R) / (std_g R + eps), std
     the population std. With `cfg.vcpo_baseline` and `log_rho` (log ρ_i per response) the
-    baseline is b* = Σ_g ρ_i R_i / Σ_g ρ_i instead of the mean."""
+    baseline is b* = Σ_g ρ_i R_i / Σ_g ρ_i instead of the mean. `counted` (default: all):
+    the responses the mean and std are taken over, one per episode when an episode has
+    several sequences (segments) that share its reward."""
     rewards = rewards.double()
+    counted = torch.ones_like(groups, dtype=torch.bool) if counted is None else counted
     adv = torch.empty_like(rewards)
     for g in torch.unique(groups):
         idx = groups == g
-        r = rewards[idx]
+        r, once = rewards[idx], rewards[idx & counted]
         if cfg.vcpo_baseline and log_rho is not None:
             rho = torch.exp(log_rho[idx].double() - log_rho[idx].double().max())  # scale-free
             base = (rho * r).sum() / rho.sum()
         else:
-            base = r.mean()
+            base = once.mean()
         a = r - base
         if cfg.advantage == "mean_std":
-            a = a / (r.std(unbiased=False) + cfg.std_eps)
+            a = a / (once.std(unbiased=False) + cfg.std_eps)
         adv[idx] = a
     return adv
 

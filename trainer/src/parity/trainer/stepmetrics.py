@@ -50,10 +50,13 @@ def step_record(step: int, batch_stats: dict[str, float], metrics: dict[str, flo
 
 def batch_stats(groups: list[list[Trajectory]]) -> dict[str, float]:
     """Reward, pass rate, each reward component's mean (a rubric's weight-0 criteria
-    included: they are logged, not trained on), response length and turns of one batch."""
+    included: they are logged, not trained on), response length, turns and each env
+    counter's mean per episode (`env/<name>`: tool_calls, parse_errors, agent/segments, ...;
+    0 for an episode without it) of one batch."""
     trajs = [t for g in groups for t in g]
     n = len(trajs)
     names = sorted({k for t in trajs for k in t.reward_components})
+    counters = sorted({k for t in trajs for k in t.metrics})
     return {
         "reward/mean": sum(t.reward for t in trajs) / n,
         "reward/pass_rate": pass_rate(trajs),
@@ -61,6 +64,7 @@ def batch_stats(groups: list[list[Trajectory]]) -> dict[str, float]:
            for k in names},
         "response/len_mean": sum(t.num_generated for t in trajs) / n,
         "episode/turns_mean": sum(t.num_turns for t in trajs) / n,
+        **{f"env/{k}": sum(t.metrics.get(k, 0.0) for t in trajs) / n for k in counters},
     }
 
 

@@ -9,7 +9,7 @@ sampled. docs/agents.md shows a whole agent.
 import importlib
 from typing import Any
 
-_LAZY = ("MODEL", "AgentEnv", "run_agent_episode", "run_agent_segments")
+_LAZY = ("MODEL", "AgentEnv", "run_agent_episode")
 
 
 def __getattr__(name: str) -> Any:  # `parity bench agent` loads this package with the CLI
@@ -18,4 +18,4 @@ def __getattr__(name: str) -> Any:  # `parity bench agent` loads this package wi
     raise AttributeError(f"module 'parity.envs.agent' has no attribute {name!r}")
 
 
-__all__ = ["MODEL", "AgentEnv", "run_agent_episode", "run_agent_segments"]
+__all__ = ["MODEL", "AgentEnv", "run_agent_episode"]

@@ -20,9 +20,10 @@ returning a reward that is not a finite number ("reward_error"), never calling t
 ("no_model_call"), or the engine raising ("generate_error").
 
 Segments: an agent that rewrites its history starts a new segment (see the session). The
-episode's `Trajectory` is its last segment, the one that led to the reward; its metrics
-count `agent/segments` (and `agent/requests`, `agent/refused`). `run_agent_segments`
-returns every segment, each with the episode's reward.
+episode's `Trajectory` is its last segment, the one that led to the reward, with the ones
+before it in `earlier` (`traj.segments`: all of them, in order, each with the episode's
+reward); the learner trains every segment, the episode counted once. Its metrics count
+`agent/segments` (and `agent/requests`, `agent/refused`).
 """
 
 from __future__ import annotations
@@ -198,7 +199,7 @@ class AgentEnv(TextEnv):
         return float(lines[-1])
 
 
-async def run_agent_segments(
+async def run_agent_episode(
     env: gym.Env,
     generate: Generate,
     *,
@@ -206,10 +207,11 @@ async def run_agent_segments(
     sampling: SamplingParams | None = None,
     group_id: str = "",
     options: dict[str, Any] | None = None,
-) -> list[Trajectory]:
+) -> Trajectory:
     """Play one episode of the AgentEnv `env` (gymnasium wrappers are passed by: the agent,
-    not `step`, drives it) with `generate`; every segment's `Trajectory`, in order, each
-    with the episode's reward (0 when it failed). `sampling`: as `run_episode`'s."""
+    not `step`, drives it) with `generate`; its `Trajectory` (the last segment's, the
+    earlier ones in `earlier`), with the episode's reward (0 when it failed). `sampling`: as
+    `run_episode`'s."""
     inner = env.unwrapped
     if not isinstance(inner, AgentEnv):
         raise TypeError(f"run_agent_episode needs an AgentEnv, got {type(inner).__name__}")
@@ -242,16 +244,12 @@ async def run_agent_segments(
         session.segments.append(_empty_segment(inner, task))
     session.end(reason, failure)
     reward = 0.0 if session.failure else float(reward)
-    trajs = [ep.trajectory(group_id, reward) for ep in session.segments]
-    trajs[-1].metrics.update({"agent/segments": float(len(trajs)),
-                              "agent/requests": float(session.requests),
-                              "agent/refused": float(session.refused)})
-    return trajs
-
-
-async def run_agent_episode(env: gym.Env, generate: Generate, **kwargs: Any) -> Trajectory:
-    """The episode's `Trajectory`: its last segment (`run_agent_segments`' arguments)."""
-    return (await run_agent_segments(env, generate, **kwargs))[-1]
+    *earlier, last = [ep.trajectory(group_id, reward) for ep in session.segments]
+    last.earlier = earlier
+    last.metrics.update({"agent/segments": float(len(earlier) + 1),
+                         "agent/requests": float(session.requests),
+                         "agent/refused": float(session.refused)})
+    return last
 
 
 def _empty_segment(env: AgentEnv, task: Task) -> Episode:

@@ -13,6 +13,11 @@ Tool calls are read from the model's text in its chat format (Qwen's and Hermes'
 comes back as `content` "I will compute it." and one `tool_calls` entry. A turn with any
 malformed block comes back as plain text, its tool calls unparsed (the agent sees what the
 model wrote).
+
+`tool_choice` is kept by what the turn starts with, never by changing what is sampled:
+"required" starts the model's turn with `<tool_call>`, a named function with
+`<tool_call>{"name": "f", "arguments": `; those tokens join the sequence unsampled (mask
+0), the model writes the rest. "none" returns the turn as text, calls unparsed.
 """
 
 from __future__ import annotations
@@ -112,6 +117,31 @@ def template_message(m: Mapping[str, Any]) -> dict[str, str]:
     calls = "".join(_HERMES.format(c) for c in m["tool_calls"])
     role = "system" if m["role"] == "developer" else m["role"]
     return {"role": role, "content": m["content"] + calls}
+
+
+def forced_call(choice: Any, tools: Sequence[Any]) -> str | None:
+    """What a request's `tool_choice` makes the model's turn start with: None when no tool
+    calls are read from the turn ("none", or no tools), "" when the model chooses ("auto",
+    the default), else the start of the call it must make (RequestError naming the field for
+    a choice that is malformed or names no tool of the request)."""
+    names = [t["function"].get("name") for t in tools]
+    if choice is None or choice == "auto":
+        return "" if tools else None
+    if choice == "none":
+        return None
+    if choice == "required" or (isinstance(choice, Mapping) and choice.get("type") == "function"):
+        name = choice["function"].get("name") if isinstance(choice, Mapping) and isinstance(
+            choice.get("function"), Mapping) else None
+        if choice != "required" and name not in names:
+            raise RequestError(f"tool_choice: names function {json.dumps(name)}, which is not one "
+                               f"of the request's tools ({', '.join(map(str, names)) or 'none'})",
+                               "tool_choice")
+        if not tools:
+            raise RequestError("tool_choice: 'required' needs tools", "tool_choice")
+        start = _HERMES.open_tag
+        return start if choice == "required" else f'{start}{{"name": {json.dumps(name)}, "arguments": '
+    raise RequestError("tool_choice: must be 'auto', 'none', 'required' or {'type': 'function', "
+                       f"'function': {{'name': str}}}}, got {json.dumps(choice)[:80]}", "tool_choice")
 
 
 def parse_tool_calls(text: str) -> tuple[str, list[ToolCall]]:

@@ -22,6 +22,7 @@ from parity.core.types import Completion, SamplingParams
 from parity.envs.agent.openai_format import (
     RequestError,
     field,
+    forced_call,
     normalize,
     parse_tool_calls,
     template_message,
@@ -116,9 +117,10 @@ class AgentSession:
         tools = field(body, "tools", list, [], lambda v: all(
             isinstance(t, Mapping) and isinstance(t.get("function"), Mapping) for t in v),
             "a list of {'type': 'function', 'function': {...}}")
-        calls_wanted = bool(tools) and body.get("tool_choice") != "none"
+        forced = forced_call(body.get("tool_choice"), tools)
+        calls_wanted = forced is not None
         ep = self._extend_chat(messages, tools)
-        completion, text = await self._sample(ep, turn)
+        completion, text = await self._sample(ep, turn, forced or "")
         content, calls = parse_tool_calls(text) if calls_wanted else (text, [])
         assert self._seen is not None
         self._seen.append({"role": "assistant", "content": content, "tool_calls": calls})
@@ -255,8 +257,18 @@ class AgentSession:
             "max_new_tokens": asked or self.sampling.max_new_tokens,
             "stop_strings": (stop,) if isinstance(stop, str) else tuple(stop)})
 
-    async def _sample(self, ep: Episode, turn: SamplingParams) -> tuple[Completion, str]:
-        """Generate the model's turn after `ep`'s tokens and take it into `ep`."""
+    async def _sample(self, ep: Episode, turn: SamplingParams, forced: str = ""
+                      ) -> tuple[Completion, str]:
+        """Generate the model's turn after `ep`'s tokens and take it into `ep`; the turn
+        starts with `forced` (tool_choice), put in the sequence as given, not sampled."""
+        if forced:
+            ids = self.renderer.tokenizer.encode(forced)
+            if ep.num_tokens + len(ids) >= self.limits.max_tokens:
+                self.limit = "max_tokens"
+                raise RequestError(f"tool_choice: the call it forces does not fit the episode's "
+                                   f"limit of {self.limits.max_tokens} tokens (max_tokens)",
+                                   "tool_choice")
+            ep.observe([], ids)
         room = self.limits.max_tokens - ep.num_tokens
         turn = turn.model_copy(update={"max_new_tokens": min(turn.max_new_tokens, room)})
         t0 = time.monotonic()
@@ -267,7 +279,7 @@ class AgentSession:
             raise RequestError(f"the engine failed: {type(e).__name__}: {e}", None, 500) from e
         t1 = time.monotonic()
         self._engine_s = t1 - t0
-        text = ep.act({"token_ids": completion.token_ids})
+        text = ep.act({"token_ids": completion.token_ids}, forced)
         self._pending = (completion, t1 - t0, t1)
         return completion, text
 

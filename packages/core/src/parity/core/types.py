@@ -100,6 +100,7 @@ class Trajectory:
     metrics: dict[str, float] = field(default_factory=dict)
     turn_timings: list[TurnTiming] = field(default_factory=list)
     reward_s: float = 0.0
+    earlier: list[Trajectory] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.tokens = np.asarray(self.tokens, dtype=np.int32)
@@ -116,7 +117,13 @@ class Trajectory:
 
     @property
     def num_generated(self) -> int:
-        return int(np.count_nonzero(self.loss_mask))
+        """The tokens the model generated, in every segment."""
+        return sum(int(np.count_nonzero(t.loss_mask)) for t in self.segments)
+
+    @property
+    def segments(self) -> list[Trajectory]:
+        """The episode's token sequences in order: `earlier`, then this one."""
+        return [*self.earlier, self]
 
 
 @dataclass(frozen=True)
