@@ -134,10 +134,12 @@ def test_audit_on_vllm_aligned_is_bit_identical(dtype: str) -> None:
 def test_training_on_vllm_aligned_has_no_mismatch(tmp_path: Path) -> None:
     """`rollout.engine = "vllm-aligned"`: vLLM schedules and samples, parity's decoder
     computes, so the mismatch term is exactly 0 at every step and only the lag remains;
-    the vLLM worker's proof and fingerprint joined the node check."""
+    the vLLM worker's proof and fingerprint joined the node check. The env is the agent
+    example (examples/agent.toml): an `openai` SDK program whose model calls the worker's
+    endpoint serves from vLLM, its tokens recorded as vLLM sampled them."""
     run = tmp_path / "run"
-    r = subprocess.run([PARITY, "train", "--out", str(run), *VLLM,
-                        "--set", "rollout.engine=vllm-aligned"],
+    r = subprocess.run([PARITY, "train", str(ROOT / "examples" / "agent.toml"), "--out", str(run),
+                        *VLLM, "--set", "rollout.engine=vllm-aligned"],
                        cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "not bit-identical" not in r.stderr
@@ -145,3 +147,5 @@ def test_training_on_vllm_aligned_has_no_mismatch(tmp_path: Path) -> None:
     assert [rec["step"] for rec in recs] == [0, 1, 2]
     assert [rec["is/d3_mismatch"] for rec in recs] == [0.0, 0.0, 0.0]
     assert recs[-1]["lag/max"] >= 1  # async: older versions in the batch, split by the D3 term
+    # every episode's model calls went through the endpoint, none refused
+    assert all(rec["env/agent/requests"] >= 1 and rec["env/agent/refused"] == 0 for rec in recs)

@@ -92,3 +92,21 @@ def test_bench_agent_reports_every_request() -> None:
         assert (report["episodes"], report["requests"]) == (3, 6)
         assert {"added_p50_ms", "added_p99_ms", "server_p50_ms", "server_p99_ms",
                 "requests_per_s", "goal_met"} <= report.keys()
+
+
+def test_play_answers_an_agents_model_calls_by_hand(monkeypatch) -> None:
+    monkeypatch.chdir(ROOT)
+    res = CliRunner().invoke(app, ["play", EXAMPLE_ID, "--oracle"],
+                             input="<py>print(865*6)</py>\n<ans>5190</ans>\n")
+    assert res.exit_code == 0, res.output
+    assert res.output.splitlines() == [
+        "user> Q: 865*6=?",
+        "[oracle] <py>print(865*6)</py>",
+        "assistant> tool> 5190",
+        "",
+        "[oracle] <ans>5190</ans>",
+        "assistant> episode over: reward=1.0 finish_reason=done segments=1",
+        "expected answer: 5190",
+    ]
+    res = CliRunner().invoke(app, ["play", EXAMPLE_ID], input="")
+    assert (res.exit_code, res.output.splitlines()[-1]) == (0, "(end of input)")

@@ -102,9 +102,15 @@ def play(
     kwarg: list[str] | None = typer.Option(None, "--kwarg", help=KWARG_HELP),
 ) -> None:
     """Play an episode by hand: you type the model's turns (one line each; a literal \\n
-    becomes a newline). End of input stops the episode; its end shows the expected answer."""
+    becomes a newline). End of input stops the episode; its end shows the expected answer.
+    An agent env's agent runs as in training; you answer each of its model calls."""
+    from parity.envs.agent import AgentEnv
+
     env, _ = _make(name, kwarg)
     try:
+        if isinstance(env.unwrapped, AgentEnv):
+            _play_agent(env, seed, oracle)
+            return
         obs, _ = env.reset(seed=seed)
         _show(obs["messages"])
         while True:
@@ -126,6 +132,42 @@ def play(
                 return
     finally:
         env.close()
+
+
+def _play_agent(env: Any, seed: int, oracle: bool) -> None:
+    """`play` for an AgentEnv: its agent calls the model; each call shows the messages the
+    model has not seen yet and takes your line as the model's turn."""
+    import asyncio
+
+    from parity.envs.runner import oracle_generate, run_episode
+
+    shown: list[Any] = [None, 0]  # the segment shown, and how many of its messages
+
+    def turn(inner: Any) -> str:
+        segment = inner.session.segments[-1]
+        if segment is not shown[0]:
+            if shown[0] is not None:
+                typer.echo(f"(the agent rewrote its history: segment {len(inner.session.segments)})")
+            shown[:] = [segment, 0]
+        _show(tuple(segment.messages[shown[1]:]))
+        if oracle:
+            typer.echo(f"[oracle] {inner.oracle_action()}")
+        typer.echo("assistant> ", nl=False)
+        line = sys.stdin.readline()
+        if not line:
+            typer.echo("\n(end of input)")
+            raise EOFError("end of input")
+        shown[1] = len(segment.messages) + 1  # the assistant turn is shown as typed
+        return line.rstrip("\n").replace("\\n", "\n")
+
+    traj = asyncio.run(run_episode(env, oracle_generate(env, turn), seed=seed))
+    if traj.failure == "generate_error":  # the end of input ended it
+        return
+    _show(tuple(traj.messages[shown[1]:]))
+    typer.echo(f"episode over: reward={traj.reward} finish_reason={traj.finish_reason} "
+               f"segments={len(traj.segments)}")
+    if isinstance(traj.task, Mapping) and traj.task.get("answer") is not None:
+        typer.echo(f"expected answer: {traj.task['answer']}")
 
 
 def _show(messages: tuple) -> None:
