@@ -4,6 +4,7 @@ real local backend: one sandbox serves episode after episode, reset in between."
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 from parity.envs.registry import make_env
 from parity.envs.runner import oracle_generate, run_episode
@@ -46,3 +47,28 @@ def test_no_pool_when_switched_off_or_the_kwargs_bring_their_sandboxes() -> None
 def test_no_pool_for_an_env_that_does_not_lend_from_one() -> None:
     cfg = TrainConfig.model_validate({"env": {"id": "parity/Math-v0", "kwargs": {}}})
     assert sandbox_pool(cfg, {}) is None
+
+
+def test_an_agent_env_lends_its_tools_sandbox_from_the_pool(monkeypatch) -> None:
+    """The agent example (its sandbox backend registered with it): one warm sandbox serves
+    the agents' tool calls episode after episode."""
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    cfg = TrainConfig.model_validate(
+        {**SMALL, "env": {"id": "examples.agent_python_tool:parity/AgentPythonTool-v0"}})
+    pool = sandbox_pool(cfg, {})
+    assert pool is not None
+
+    async def episodes() -> list[float]:
+        rewards = []
+        for seed in range(3):
+            env = make_env(cfg.env.id, sandbox_pool=pool)
+            traj = await run_episode(env, oracle_generate(env), seed=seed)
+            assert traj.failure is None and traj.num_turns == 2
+            rewards.append(traj.reward)
+            env.close()
+        return rewards
+
+    with pool:
+        assert (pool.backend, pool.size, pool.limits.timeout_s) == ("local", 12, 10)
+        assert asyncio.run(episodes()) == [1.0, 1.0, 1.0]
+        assert (pool.created, pool.recycled) == (1, 0)

@@ -74,6 +74,12 @@ def env_class(env_id: str) -> Any:
     return load_env_creator(entry) if isinstance(entry, str) else entry
 
 
+def registered_kwargs(env_id: str) -> dict[str, Any]:
+    """The constructor arguments `env_id` was registered with (`make_env`'s own override
+    them)."""
+    return dict(gym.registry[_registered(env_id)].kwargs)
+
+
 def _registered(env_id: str) -> str:
     """The registry id of `env_id`, its module imported first; a clear error if unknown."""
     if ":" in env_id:

@@ -202,16 +202,18 @@ def vllm_backend(cfg: TrainConfig) -> Backend:
 
 def sandbox_pool(cfg: TrainConfig, kwargs: dict[str, Any]) -> SandboxPool | None:
     """The worker's pool of warm sandboxes (`env.sandbox_pool`), when its env lends from one
-    and `kwargs` do not bring their own sandboxes; else None. Starting a local sandbox costs
+    (its `pool_for`, given the env's registered kwargs and `kwargs`) and `kwargs` do not
+    bring their own sandboxes; else None. Starting a local sandbox costs
     about 50 ms of CPU (a bubblewrap and its guest interpreter); a lease of a warm one, reset
     since its last episode, takes 14 ms of wall (docs/environments.md)."""
-    from parity.envs.registry import env_class
+    from parity.envs.registry import env_class, registered_kwargs
 
     pool_for = getattr(env_class(cfg.env.id), "pool_for", None)
     if not cfg.env.sandbox_pool or pool_for is None or \
             {"sandbox_factory", "sandbox_pool"} & kwargs.keys():
         return None
-    return pool_for(cfg.rollout.group_size * cfg.rollout.max_groups_in_flight, **kwargs)
+    return pool_for(cfg.rollout.group_size * cfg.rollout.max_groups_in_flight,
+                    **{**registered_kwargs(cfg.env.id), **kwargs})
 
 
 def env_episodes(cfg: TrainConfig) -> EpisodeFn:

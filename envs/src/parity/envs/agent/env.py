@@ -36,6 +36,7 @@ import math
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AsyncExitStack
 from typing import Any
 
 import gymnasium as gym
@@ -70,25 +71,41 @@ def resolve(target: Any, what: str) -> Any:
 
 class AgentSandbox:
     """The episode's sandbox for the agent's tools (`parity.sandboxes`), opened on first use
-    and closed when the episode ends."""
+    (or leased from the worker's warm `pool`) and closed (or given back) when the episode
+    ends."""
 
-    def __init__(self, backend: str, limits: Mapping[str, Any]) -> None:
-        self.backend, self.limits = backend, dict(limits)
+    def __init__(self, backend: str, limits: Mapping[str, Any], pool: Any = None) -> None:
+        self.backend, self.limits, self.pool = backend, dict(limits), pool
         self._sandbox: Any = None
+        self._lease: AsyncExitStack | None = None
 
     async def run_python(self, code: str) -> Any:
         """Run `code` in a fresh process of the sandbox; its `ExecResult`."""
-        if self._sandbox is None:
-            from parity.sandboxes import Limits, open_sandbox
+        if self._sandbox is None and self.pool is not None:
+            self._lease = AsyncExitStack()
+            self._sandbox = await self._lease.enter_async_context(self.pool.lease())
+        elif self._sandbox is None:
+            from parity.sandboxes import open_sandbox
 
-            limits = Limits(**{"timeout_s": 10, **self.limits})
-            self._sandbox = await asyncio.to_thread(open_sandbox, self.backend, limits)
+            self._sandbox = await asyncio.to_thread(open_sandbox, self.backend,
+                                                    tool_limits(self.limits))
         return await self._sandbox.arun_python(code)
 
     async def close(self) -> None:
-        sandbox, self._sandbox = self._sandbox, None
-        if sandbox is not None:
+        sandbox, lease = self._sandbox, self._lease
+        self._sandbox, self._lease = None, None
+        if lease is not None:  # back to the pool, which resets or retires it
+            await lease.aclose()
+        elif sandbox is not None:
             await asyncio.to_thread(sandbox.close)
+
+
+def tool_limits(limits: Mapping[str, Any]) -> Any:
+    """`parity.sandboxes.Limits` of an AgentEnv's `sandbox_limits` (10 s per call unless
+    they say otherwise)."""
+    from parity.sandboxes import Limits
+
+    return Limits(**{"timeout_s": 10, **limits})
 
 
 class AgentEnv(TextEnv):
@@ -107,6 +124,7 @@ class AgentEnv(TextEnv):
         oracle: Callable[[Episode], str] | str | None = None,
         sandbox_backend: str | None = None,
         sandbox_limits: Mapping[str, Any] | None = None,
+        sandbox_pool: Any = None,
         model: str = MODEL,
         max_segments: int = 4,
         **kwargs: Any,
@@ -117,7 +135,8 @@ class AgentEnv(TextEnv):
         str`: the ideal next model turn given the segment so far, for `parity envs check`.
         `sandbox_backend`: a `parity.sandboxes` backend ("local", "docker") whose sandbox
         the agent gets as `sandbox` (`AgentSandbox`), with `sandbox_limits` (`Limits`
-        fields). `model`: the model name served. `max_segments`: history rewrites allowed
+        fields), leased from `sandbox_pool` (a `parity.sandboxes.SandboxPool`, see
+        `pool_for`) when one is given. `model`: the model name served. `max_segments`: history rewrites allowed
         per episode, + 1; `kwargs`: TextEnv's (tokenizer, limits, tasks)."""
         if (agent is None) == (command is None):
             raise ValueError("AgentEnv: give exactly one of agent (a function) and command")
@@ -131,11 +150,24 @@ class AgentEnv(TextEnv):
         self.task_source = resolve(task_source, "task_source")
         self.task_kwargs = dict(task_kwargs or {})
         self._oracle = resolve(oracle, "oracle")
-        self.sandbox = AgentSandbox(sandbox_backend, sandbox_limits or {}) if sandbox_backend else None
+        self.sandbox = AgentSandbox(sandbox_backend, sandbox_limits or {}, sandbox_pool) \
+            if sandbox_backend else None
         self.model = model
         self.max_segments = max_segments
         self.session: AgentSession | None = None
         self.rubric = Rubric([])
+
+    @classmethod
+    def pool_for(cls, size: int, *, sandbox_backend: str | None = None,
+                 sandbox_limits: Mapping[str, Any] | None = None, **_: Any) -> Any:
+        """A `parity.sandboxes.SandboxPool` of `size` warm sandboxes like the ones episodes
+        made with these kwargs open (None when they open none), for their `sandbox_pool`:
+        a rollout worker keeps one and its episodes lease from it."""
+        if sandbox_backend is None:
+            return None
+        from parity.sandboxes import SandboxPool
+
+        return SandboxPool(sandbox_backend, size=size, limits=tool_limits(sandbox_limits or {}))
 
     def generate_task(self, rng: np.random.Generator) -> Task:
         if self.task_source is None:
