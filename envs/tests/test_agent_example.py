@@ -85,10 +85,10 @@ def test_the_example_plays_the_builtin_env_token_for_token(monkeypatch, wrong) -
 
 
 def test_bench_agent_reports_every_request() -> None:
-    from parity.envs.agent.bench import run_benchmark
+    from parity.envs.agent.bench import run_benchmark, stand_in
 
     for raw in (False, True):
-        report = run_benchmark(episodes=3, turns=2, engine_ms=0.0, raw=raw)
+        report = run_benchmark(episodes=3, turns=2, raw=raw, make_generate=stand_in(0.0, 32))
         assert (report["episodes"], report["requests"]) == (3, 6)
         assert {"added_p50_ms", "added_p99_ms", "server_p50_ms", "server_p99_ms",
                 "requests_per_s", "goal_met"} <= report.keys()

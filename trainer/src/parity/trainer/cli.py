@@ -11,14 +11,13 @@ import typer
 
 from parity.core.memory import keep_freed_memory
 from parity.engine.cli import bench_engine
-from parity.envs.agent.bench import bench_agent
 from parity.envs.cli import app as envs_app
 from parity.envs.desktop.cli import bench_desktop
 from parity.model import blas
 from parity.model.cli import bench_learner, convert_model
 from parity.sandboxes.cli import app as sandbox_app
 from parity.sandboxes.cli import bench_sandbox
-from parity.trainer.commands import audit, bench_async, eval_checkpoint, profile, train
+from parity.trainer.commands import audit, bench_agent, bench_async, eval_checkpoint, profile, train
 
 app = typer.Typer(
     name="parity",

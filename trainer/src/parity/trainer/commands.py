@@ -363,6 +363,44 @@ def bench_async(
                    f"{_heldout(arm)}, busy: {busy}")
 
 
+def bench_agent(
+    json_: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+    engine: Annotated[str, typer.Option(
+        "--engine", help="stand-in (waits --engine-ms a call: the endpoint alone) or parity "
+        "(the embedded model on parity's engine, batching the agents' calls)")] = "stand-in",
+    episodes: Annotated[int, typer.Option("--episodes", min=1, help="agent episodes at once")] = 64,
+    turns: Annotated[int, typer.Option("--turns", min=1, help="model calls per episode")] = 4,
+    tokens: Annotated[int, typer.Option("--tokens", min=1, help="tokens a call generates (at "
+                                        "most, with the parity engine)")] = 32,
+    engine_ms: Annotated[float, typer.Option(
+        "--engine-ms", min=0.0, help="the stand-in engine's time per call")] = 20.0,
+) -> None:
+    """What the OpenAI endpoint adds to a model call (p50/p99), agents using the SDK and
+    agents posting JSON, with many agent episodes on one worker."""
+    from parity.envs.agent.bench import report_lines, run_benchmark, stand_in
+
+    if engine not in ("stand-in", "parity"):
+        typer.echo(f"parity bench agent: --engine: {engine!r} is not one of stand-in, parity",
+                   err=True)
+        raise typer.Exit(2)
+    make, tokenizer = stand_in(engine_ms, tokens), None
+    if engine == "parity":
+        from parity.engine import Engine, EngineConfig
+        from parity.model import load_model
+        from parity.trainer.embedded import EMBEDDED_DIR
+
+        real = Engine(load_model(EMBEDDED_DIR, kernels="aligned"),
+                      EngineConfig(kv_blocks=4096, max_batch_tokens=2048))
+        make, tokenizer = (lambda tok: real.agenerate), str(EMBEDDED_DIR)
+    report = {kind: run_benchmark(episodes, turns, tokens, kind == "json", make, tokenizer)
+              for kind in ("sdk", "json")}
+    if json_:
+        typer.echo(json.dumps({"engine": engine, **report}, indent=2))
+        return
+    for line in report_lines(report, engine if engine == "parity" else f"stand-in {engine_ms:g} ms"):
+        typer.echo(line)
+
+
 def _heldout(arm: dict[str, Any]) -> str:
     """'48.4%' from one seed; '48.4% ± 2.3 (sync -1.6 ± 1.9)' from several."""
     if "heldout_success_after" not in arm:

@@ -40,6 +40,9 @@ from parity.engine.weights import apply_update, check_update
 from parity.model import Decoder
 
 
+LOOP_TURNS_AFTER_FINISH = 8
+
+
 class EngineInputError(ValueError):
     """A request the engine refuses (bad prompt or sampling parameters); nothing was queued."""
 
@@ -177,11 +180,16 @@ class Engine:
     async def _run(self) -> None:
         while self.scheduler.has_work():
             try:
-                self.step()
+                finished = self.step()
             except Exception as e:  # a bug must fail the requests, not hang or kill the loop
                 self._fail_all(e)
                 return
-            await asyncio.sleep(0)
+            # A step holds the loop. After one that finished requests, a few turns of the
+            # loop (each polls the sockets) let their answers reach callers that wait over
+            # HTTP (an agent's endpoint: read, answer, send the next call) and those calls
+            # join the next step, instead of each hop waiting behind a step of its own.
+            for _ in range(LOOP_TURNS_AFTER_FINISH if finished else 1):
+                await asyncio.sleep(0)
 
     def _fail_all(self, error: Exception) -> None:
         with self._lock:
