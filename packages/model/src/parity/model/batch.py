@@ -66,12 +66,12 @@ def collate(trajs: Sequence[Trajectory]) -> TokenBatch:
     mask = torch.zeros(B, W, dtype=torch.float32)
     mu = torch.zeros(B, W, dtype=torch.float64)  # exact for float32 or float64 μ
     versions = torch.full((B, W), -1, dtype=torch.long)
-    for i, t in enumerate(trajs):
+    for i, t in enumerate(trajs):  # copies: the arrays may be read-only views of Ray's buffers
         n = len(t.tokens) - 1
-        mask[i, :n] = torch.as_tensor(t.loss_mask[1:], dtype=torch.float32)
-        mu[i, :n] = torch.as_tensor(t.logprobs[1:], dtype=torch.float64)
-        versions[i, :n] = torch.as_tensor(t.versions[1:], dtype=torch.long)
-    tokens = torch.cat([torch.as_tensor(t.tokens, dtype=torch.long) for t in trajs])
+        mask[i, :n] = torch.tensor(t.loss_mask[1:], dtype=torch.float32)
+        mu[i, :n] = torch.tensor(t.logprobs[1:], dtype=torch.float64)
+        versions[i, :n] = torch.tensor(t.versions[1:], dtype=torch.long)
+    tokens = torch.cat([torch.tensor(t.tokens, dtype=torch.long) for t in trajs])
     starts = [0, *torch.cumsum(lengths, 0)[:-1].tolist()]
     return TokenBatch(tokens=tokens, lengths=lengths, starts=starts, mask=mask, mu=mu,
                       versions=versions)
