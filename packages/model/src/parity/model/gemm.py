@@ -17,15 +17,23 @@ bandwidth, and on AMD it ran the small GEMMs of the embedded model at half oneDN
 prepared weight and so the same kernel; oneDNN picks its kernels by ISA flags, not by CPU
 vendor. Other dtypes, and torch builds without oneDNN, run the stacked weight on MKL.
 
-In bfloat16 (x is bf16) the GEMM is this same fp32 GEMM on the bf16 values: the weights are
-rounded to bf16 once when prepared (fp32 masters and bf16 weights give the same prepared
-weight), products of bf16 values are exact in fp32, the fp32 accumulation keeps its proved
-order, and the output is rounded to bf16 once. Learner and engine thus agree bit for bit in
-bf16 for the same reason as in fp32, on every CPU, whatever its bf16 instructions.
+In bfloat16 (x is bf16), on a CPU with bf16 instructions (AVX512-BF16 or AMX) and oneDNN, the
+GEMM streams bf16: the weights are rounded to bf16 once when prepared (fp32 masters and bf16
+weights give the same prepared weight, and a bf16 weight alone is not copied), and oneDNN's bf16
+matmul multiplies them in calls of at most BF16_ROWS rows, accumulating in fp32 and rounding
+each output to bf16 once. Its kernel for 2..63 rows keeps one reduction order per row (at 64
+rows and more, and at 1, it switches kernels: measured on Sapphire Rapids, and proved per
+machine like the fp32 class). A decode step thus reads half the bytes of the fp32 path, and a
+prefill runs at bf16 speed (2x the fp32 GEMM at 1,024 rows on Sapphire Rapids). Without bf16
+instructions the GEMM is the fp32 GEMM on the bf16 values (products of bf16 values are exact in
+fp32, the fp32 accumulation keeps its proved order, the output is rounded to bf16 once). Either
+way learner and engine run the same path on one machine and agree bit for bit; nodes compare
+fingerprints, which cover the path.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
 import torch
@@ -36,6 +44,7 @@ from parity.model.blas import set_local_threads
 
 ROW_TILE = 8  # rows of every aligned GEMM operand are a multiple of this
 COLUMNS_PER_THREAD = 64  # an aligned GEMM runs on at most out_columns // this BLAS threads
+BF16_ROWS = 32  # a bf16-streaming GEMM call has ROW_TILE..this many rows (one oneDNN kernel)
 ONEDNN = torch.backends.mkldnn.is_available()
 
 Part = tuple[torch.Tensor, torch.Tensor | None]  # a linear's weight [out, k] and bias [out]
@@ -70,6 +79,19 @@ def _on_onednn(dtype: torch.dtype) -> bool:
     return ONEDNN and accumulation_dtype(dtype) == torch.float32
 
 
+@functools.cache
+def streams_bf16() -> bool:
+    """Whether bf16 GEMMs stream bf16 weights here: oneDNN and the CPU's bf16 instructions."""
+    from parity.model.dtypes import bf16_support
+
+    s = bf16_support()
+    return ONEDNN and bool(s["avx512_bf16"] or s["amx_bf16"]) and bool(s["onednn_bf16"])
+
+
+def _native(dtype: torch.dtype) -> bool:
+    return dtype == torch.bfloat16 and streams_bf16()
+
+
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
     """What aligned ops compute in for inputs of `dtype`: fp32 for bf16, else `dtype` itself."""
     return torch.float32 if dtype == torch.bfloat16 else dtype
@@ -80,14 +102,27 @@ def _rounded(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return t.detach().to(dtype).to(accumulation_dtype(dtype))
 
 
+def _operand_dtype(dtype: torch.dtype) -> torch.dtype:
+    """What the forward GEMM reads weights in for inputs of `dtype`: bf16 where it streams
+    bf16, else the accumulation dtype."""
+    return dtype if _native(dtype) else accumulation_dtype(dtype)
+
+
+def _operand(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A weight or bias rounded to `dtype`, as the forward GEMM reads it (a bf16 tensor
+    itself where the GEMM streams bf16, not a copy)."""
+    return t.detach().to(dtype).to(_operand_dtype(dtype))
+
+
 # first weight of a stack -> (identity, version and storage of each weight and the dtype when
 # prepared, the prepared stacked weight)
 _PREPARED: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
 def _prepared(ws: Sequence[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
-    """The weights rounded to `dtype`, in fp32, stacked by output and, on oneDNN, reordered
-    for ROW_TILE-row inputs; made again after any of them changes in place. Seen: changes
+    """The weights rounded to `dtype` (`_operand`), stacked by output and, for fp32 operands
+    on oneDNN, reordered for ROW_TILE-row inputs; made again after any of them changes in
+    place. Seen: changes
     that bump a tensor's version counter (copy_ and other in-place ops, load_state_dict,
     torch.optim's default and foreach steps) or swap its storage. Not seen: in-place writes
     through `.data` and `torch.optim.AdamW(fused=True)`, which leave the counter alone."""
@@ -95,8 +130,8 @@ def _prepared(ws: Sequence[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
     hit = _PREPARED.get(ws[0])
     if hit is None or hit[0] != key:
         with torch.no_grad():
-            w = torch.cat([_rounded(w, dtype) for w in ws]) if len(ws) > 1 else _rounded(ws[0], dtype)
-            if _on_onednn(dtype):
+            w = torch.cat([_operand(w, dtype) for w in ws]) if len(ws) > 1 else _operand(ws[0], dtype)
+            if _on_onednn(dtype) and not _native(dtype):
                 w = torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), ROW_TILE)
         hit = key, w
         _PREPARED[ws[0]] = hit
@@ -107,7 +142,7 @@ def _stacked_bias(ws: Sequence[torch.Tensor], bs: Sequence[torch.Tensor | None],
                   ) -> torch.Tensor | None:
     if all(b is None for b in bs):
         return None
-    return torch.cat([w.new_zeros(w.shape[0], dtype=accumulation_dtype(dtype)) if b is None else _rounded(b, dtype)
+    return torch.cat([w.new_zeros(w.shape[0], dtype=_operand_dtype(dtype)) if b is None else _operand(b, dtype)
                       for w, b in zip(ws, bs, strict=True)])
 
 
@@ -117,6 +152,10 @@ def _forward(flat: torch.Tensor, ws: Sequence[torch.Tensor], bs: Sequence[torch.
     rounded to flat's dtype."""
     dtype = flat.dtype
     w, b = _prepared(ws, dtype), _stacked_bias(ws, bs, dtype)
+    if _native(dtype):  # calls of BF16_ROWS rows (the last ROW_TILE..BF16_ROWS): one kernel
+        parts = [gemm(w.shape[0], F.linear, flat[i:i + BF16_ROWS], w, b)
+                 for i in range(0, flat.shape[0], BF16_ROWS)]
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
     x = flat.to(accumulation_dtype(dtype))
     if _on_onednn(dtype):
         y = torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")

@@ -12,7 +12,8 @@ What is probed (`Shapes.of(config)`), each at 1 and 2 threads and the process's 
   linear      every distinct (in, out, bias) GEMM of the model (q/k/v stacked, o, gate/up
               stacked, down, lm_head): a
               row computed among m rows, for every m in 1..64 and learner-sized counts, at
-              shifting row offsets, equals the same row among the reference call's rows.
+              shifting row offsets, equals the same row among the reference call's rows; in
+              fp32, and in bf16 where bf16 GEMMs stream bf16 (`parity.model.gemm`).
   attention   the model's (heads, KV heads, head dim) on a 135-token sequence: its causal
               output row by row against every position decoded alone, decoded among others
               (batches of 2..17), chunked prefill continuing a cache (7, 64, 65 rows), and
@@ -30,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import itertools
 import json
 import os
 import platform
@@ -42,11 +44,12 @@ import torch
 
 from parity.model import blas, fused
 from parity.model.config import ModelConfig
-from parity.model.gemm import ROW_TILE
+from parity.model.dtypes import dtype_name
+from parity.model.gemm import ROW_TILE, streams_bf16
 from parity.model.kernels import ALIGNED_CPU, Kernels
 from parity.model.layout import KV_TILE, SeqLayout
 
-PROBE_VERSION = 1
+PROBE_VERSION = 2
 SMALL_ROWS = tuple(range(1, 65))  # every decode batch and prefill piece up to 64 rows
 # Above FULL_SWEEP (weight elements or row width x rows) each call streams a large operand,
 # so only the row counts at both ends of each ROW_TILE class are probed, and all of 1..8:
@@ -186,13 +189,19 @@ def _rows_probe(p: _Probe, name: str, op: Callable[[torch.Tensor], torch.Tensor]
     return True
 
 
-def _linear(p: _Probe, k: int, n: int, bias: bool) -> bool:
+def _linear(p: _Probe, k: int, n: int, bias: bool, dtype: torch.dtype = torch.float32) -> bool:
     g = _gen(k, n, bias)
-    w = torch.randn(n, k, generator=g)
-    b = torch.randn(n, generator=g) if bias else None
-    return _rows_probe(p, f"linear {k}->{n}{' with bias' if bias else ''}",
+    w = torch.randn(n, k, generator=g).to(dtype)
+    b = torch.randn(n, generator=g).to(dtype) if bias else None
+    return _rows_probe(p, f"linear {k}->{n}{' with bias' if bias else ''} in {dtype_name(dtype)}",
                        lambda x: p.kernels.linear(x, w, b),
-                       lambda rows: torch.randn(rows, k, generator=g), k * n)
+                       lambda rows: torch.randn(rows, k, generator=g).to(dtype), k * n)
+
+
+def _linear_dtypes() -> tuple[torch.dtype, ...]:
+    """The dtypes whose linears run their own GEMMs here: fp32, and bf16 where it streams bf16
+    (elsewhere a bf16 linear is the fp32 GEMM on bf16 values)."""
+    return (torch.float32, torch.bfloat16) if streams_bf16() else (torch.float32,)
 
 
 def _rowwise(p: _Probe, s: Shapes) -> bool:
@@ -292,10 +301,11 @@ def fingerprint(cfg: ModelConfig | Shapes, kernels: Kernels = ALIGNED_CPU) -> st
         h.update(t.contiguous().numpy().tobytes())
 
     with torch.no_grad():
-        for k, n, bias in s.linears:
+        for (k, n, bias), dtype in itertools.product(s.linears, _linear_dtypes()):
             g = _gen(k, n, bias, 1)
             w, b = torch.randn(n, k, generator=g), (torch.randn(n, generator=g) if bias else None)
-            add(kernels.linear(torch.randn(13, k, generator=g), w, b))
+            add(kernels.linear(torch.randn(13, k, generator=g).to(dtype), w.to(dtype),
+                               None if b is None else b.to(dtype)).float())
         hq, hkv, d = s.attention
         g = _gen(hq, hkv, d, 1)
         q, k, v = (torch.randn(ATTENTION_LEN, heads, d, generator=g) for heads in (hq, hkv, hkv))
@@ -318,8 +328,8 @@ def fingerprint(cfg: ModelConfig | Shapes, kernels: Kernels = ALIGNED_CPU) -> st
 def _run(s: Shapes, kernels: Kernels, threads: list[int]) -> tuple[str | None, int]:
     p = _Probe(kernels, threads)
     with torch.no_grad():
-        ok = all(_linear(p, k, n, b) for k, n, b in s.linears) and _attention(p, *s.attention) \
-            and _rowwise(p, s)
+        ok = all(_linear(p, k, n, b, dt) for (k, n, b), dt in itertools.product(
+            s.linears, _linear_dtypes())) and _attention(p, *s.attention) and _rowwise(p, s)
     return (None if ok else p.failure), p.checks
 
 
