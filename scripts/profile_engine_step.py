@@ -3,6 +3,11 @@
     uv run python scripts/profile_engine_step.py "tiny batch"            # 64 x 128 new
     uv run python scripts/profile_engine_step.py qwen2-0.5b --new-tokens 32 --repeats 3
     uv run python scripts/profile_engine_step.py "tiny batch" --threads 1   # as a rollout actor
+    uv run python scripts/profile_engine_step.py multi-turn --repeats 1     # prefill vs cache
+
+A multi-turn case (`parity bench engine --case multi-turn`) runs its episodes turn by turn
+(each turn a prefill of the new observation against the cached prefix, then decode) and is
+split the same way, per turn instead of per step.
 
 Runs the case's requests under aligned and standard kernels in turn (`--repeats` rounds,
 interleaved, after a warm-up; the fastest round per mode is shown, as the bench does) and
@@ -27,8 +32,9 @@ import torch
 from parity.core.memory import keep_freed_memory
 from parity.engine import engine as engine_module
 from parity.engine import model_runner
-from parity.engine.bench import CASES, _models, _requests
+from parity.engine.bench import CASES, ON_REQUEST, _models, _params, _requests
 from parity.engine.engine import Engine
+from parity.engine.multi_turn import MultiTurnCase, observations, run_episodes
 from parity.engine.scheduler import Scheduler
 from parity.model import blas, devices, kernels
 
@@ -76,11 +82,21 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     blas.configure()
     keep_freed_memory()
-    case = next(c for c in CASES if args.case in c.name)
+    case = next(c for c in (*CASES, *ON_REQUEST) if args.case in c.name)
     model = _models(case.shape, case.tie_word_embeddings)["float32"]
-    prompts, params = _requests(case, model.config.vocab_size)
-    if args.new_tokens:
-        params = [p.model_copy(update={"max_new_tokens": args.new_tokens}) for p in params]
+    if isinstance(case, MultiTurnCase):
+        obs = observations(case, model.config.vocab_size, seed=0)
+        params = _params(case.episodes, args.new_tokens or case.new_tokens)
+        run = lambda eng: run_episodes(eng, obs, params)  # noqa: E731
+        unit, units, tokens = "turn", lambda eng: case.turns, case.episodes * case.turns * params[0].max_new_tokens
+        what = f"{case.episodes} episodes x {case.turns} turns, {params[0].max_new_tokens} new tokens a turn"
+    else:
+        prompts, params = _requests(case, model.config.vocab_size)
+        if args.new_tokens:
+            params = [p.model_copy(update={"max_new_tokens": args.new_tokens}) for p in params]
+        run = lambda eng: eng.generate(prompts, params)  # noqa: E731
+        unit, units, tokens = "step", lambda eng: eng.num_steps, len(prompts) * params[0].max_new_tokens
+        what = f"{len(prompts)} sequences, {params[0].max_new_tokens} new tokens each"
     clocks: Clocks = collections.defaultdict(float)
     instrument(clocks)
     best: dict[str, tuple[float, int, dict[str, float]]] = {}
@@ -90,21 +106,20 @@ def main() -> None:
             eng = Engine(model, case.engine_config())
             clocks.clear()
             start = time.perf_counter()
-            eng.generate(prompts, params)
+            run(eng)
             total = time.perf_counter() - start
             if r and (mode not in best or total < best[mode][0]):
-                best[mode] = total, eng.num_steps, dict(clocks)
+                best[mode] = total, units(eng), dict(clocks)
     model.set_kernels("aligned")
-    print(f"{case.name}: {len(prompts)} sequences, {params[0].max_new_tokens} new tokens each; "
-          f"ms per step (fastest of {args.repeats} rounds)")
+    print(f"{case.name}: {what}; ms per {unit} (fastest of {args.repeats} rounds)")
     for mode, (total, steps, phases) in best.items():
         sampled = phases.get("sampling (with lm_head)", 0.0)
         head = [k for k in phases if k.startswith("linear") and k.endswith(f"->{model.config.vocab_size}")]
         phases["sampling (with lm_head)"] = sampled - sum(phases[k] for k in head)
         phases = {k.replace("sampling (with lm_head)", "sampling"): v for k, v in phases.items()}
         phases["rest of the forward, Python"] = total - sum(phases.values())
-        print(f"  {mode}: {1e3 * total / steps:.2f} ms per step, {steps} steps, "
-              f"{len(prompts) * params[0].max_new_tokens / total:.1f} tokens/s")
+        print(f"  {mode}: {1e3 * total / steps:.2f} ms per {unit}, {steps} {unit}s, "
+              f"{tokens / total:.1f} tokens/s")
         for k, v in sorted(phases.items(), key=lambda kv: -kv[1]):
             print(f"    {k:36s} {1e3 * v / steps:8.3f}  ({v / total:5.1%})")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 
 import pytest
 
@@ -164,3 +165,24 @@ def test_remove_stale_containers_survives_a_container_removed_while_listing() ->
 def test_background_process_holding_the_pipes_does_not_stall_the_call(sb: Sandbox) -> None:
     r = sb.run(["sh", "-c", "sleep 100 & echo started"], timeout_s=30)
     assert (r.exit_code, r.stdout, r.timed_out) == (0, "started\n", False)
+
+
+def test_a_local_sandbox_works_with_descriptors_above_1024_in_use() -> None:
+    """A rollout worker with hundreds of sandboxes and agents' sockets open hands a new
+    sandbox descriptors above select()'s limit (1024): its pipes must still be read."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"the hard limit on open files is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    held = []
+    try:
+        while not held or held[-1] < 1100:
+            held.append(os.open(os.devnull, os.O_RDONLY))
+        with open_sandbox("local") as sb:
+            assert sb.run_python("print(6 * 7)").stdout == "42\n"
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -51,6 +51,10 @@ class PipeTransport:
     def __init__(self, writer: BinaryIO, reader: BinaryIO) -> None:
         self._files = (writer, reader)
         self._w, self._r = writer.fileno(), reader.fileno()
+        # poll, not select: a worker with hundreds of sandboxes and sockets open hands out
+        # descriptors above select's limit of 1024
+        self._poll = select.poll()
+        self._poll.register(self._r, select.POLLIN)
 
     def send(self, data: bytes) -> None:
         view = memoryview(data)
@@ -59,7 +63,7 @@ class PipeTransport:
 
     def recv(self, n: int, deadline: float) -> bytes:
         left = deadline - time.monotonic()
-        if left <= 0 or not select.select([self._r], [], [], left)[0]:
+        if left <= 0 or not self._poll.poll(left * 1000):
             raise TimeoutError("the sandbox helper did not answer in time")
         return os.read(self._r, n)
 
