@@ -10,6 +10,8 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from parity.core.types import Trajectory
+from parity.envs import register_env
+from parity.envs.python_tool import PythonToolEnv
 from parity.trainer.cli import app
 from parity.trainer.config import TrainConfig
 from parity.trainer.embedded import EMBEDDED_DIR
@@ -34,6 +36,23 @@ def test_eval_runs_as_many_episodes_as_the_run(tmp_path: Path) -> None:
     assert res["n"] == 3
     assert res["env"] == "parity/PythonTool-v0"
     assert 0.0 <= res["pass_rate"] <= 1.0
+    assert res["failures"] == 0
+
+
+class _BrokenTool(PythonToolEnv):
+    """The embedded env, whose tool always fails outside the agent."""
+
+    async def respond(self, text: str):
+        raise OSError("no sandbox here")
+
+
+def test_held_out_failures_are_counted_and_said(tmp_path: Path, capsys) -> None:
+    """An episode the env could not run counts as not passed, and the run says how many."""
+    register_env("parity/TestBrokenTool-v0", f"{__name__}:_BrokenTool", "a tool that fails")
+    res = evaluate(_checkpoint(tmp_path / "run", 3), env_id="parity/TestBrokenTool-v0", n=3)
+    assert (res["pass_rate"], res["failures"]) == (0.0, 3)
+    assert "parity: held-out: 3 of 3 episodes failed (env_error: 3) outside the agent; they " \
+           "count as not passed (failures in the result)" in capsys.readouterr().err
 
 
 def test_pass_rate_is_the_fraction_with_a_positive_reward() -> None:

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from parity.core.types import Trajectory
 from parity.trainer.config import EvalSection, TrainConfig, load_train_config
+from parity.trainer.failures import describe, failure_metrics
 from parity.trainer.rollout import BackendFactory, EpisodeFactory
 
 HELD_OUT_SEED = 1_000_000  # task seeds from here on are never used for training
@@ -65,9 +67,13 @@ def heldout(cfg: TrainConfig, model_dir: Path | str, n: int,
                                       for i in range(n)))
 
     trajs = asyncio.run(run_all())
+    if any(t.failure for t in trajs):  # not the policy's doing: say so beside the figure
+        print(f"parity: held-out: {describe(trajs)} outside the agent; they count as not "
+              f"passed (failures in the result)", file=sys.stderr)
     return {
         "reward_mean": sum(t.reward for t in trajs) / n,
         "pass_rate": pass_rate(trajs),
+        "failures": failure_metrics(trajs)["env/failures/total"],
         **({"samples": [sample_episode(t) for t in trajs[:show]]} if show else {}),
     }
 
