@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
-from desktop_support import needs_desktop
+import os
+import signal
+import time
+
+import pytest
+from desktop_support import guest_pid, needs_apps, needs_desktop
 
 from parity.envs import make_env
 from parity.envs.desktop.chat import DesktopTextEnv
+from parity.envs.desktop.client import DesktopDeadError
 
 pytestmark = needs_desktop
 
@@ -38,5 +44,31 @@ def test_max_turns_evaluates_the_desktop_as_it_is() -> None:
         env.reset(options={"task": {"task_id": "terminal-write-answer"}})
         _, reward, terminated, truncated, info = env.step("pyautogui.write('echo 42 > ~/answer.txt\\n')")
         assert (reward, terminated, truncated, info["finish_reason"]) == (1.0, False, True, "max_turns")
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("process", ["openbox --config-file", pytest.param("at-spi2-registryd", marks=needs_apps(["atspi"])),
+                                     pytest.param("accessibility.conf", marks=needs_apps(["atspi"]))])  # AT-SPI's bus
+def test_a_desktop_whose_window_manager_or_tree_dies_fails_the_episode_and_is_replaced(process: str) -> None:
+    env = make_env("parity/DesktopText-v0", backend="local")
+    desktop = env.unwrapped.desktop  # type: ignore[attr-defined]
+    try:
+        env.reset(options={"task": {"task_id": "files-rename"}})
+        old = desktop.sandbox
+        os.kill(guest_pid(old.guest.pid, process), signal.SIGKILL)
+        deadline = time.monotonic() + 30  # the bus's launcher exits once it sees its bus gone
+        while time.monotonic() < deadline:
+            try:
+                desktop.client.health()
+            except DesktopDeadError:
+                break
+            time.sleep(0.05)
+        _, reward, terminated, truncated, info = env.step("WAIT")
+        assert (reward, terminated, truncated, info["finish_reason"]) == (0.0, False, True, "desktop_failed")
+        assert env.unwrapped.episode.failure == "sandbox"  # type: ignore[attr-defined]  # env/failures, not a 0
+        assert desktop.sandbox is None and not old.running()
+        obs, _ = env.reset(options={"task": {"task_id": "files-rename"}})
+        assert desktop.sandbox is not old and "list-item\ta.txt" in obs["messages"][1]["content"]
     finally:
         env.close()

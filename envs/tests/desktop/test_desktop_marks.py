@@ -1,4 +1,5 @@
-"""Set-of-marks: marks from the tree, drawn boxes, actions that name marks, stale marks."""
+"""Set-of-marks: marks from the tree (each element once), drawn boxes, numbers beside their boxes,
+actions that name marks, stale marks, Calc's marks."""
 
 from __future__ import annotations
 
@@ -8,7 +9,16 @@ from desktop_support import needs_apps, needs_desktop
 
 from parity.envs.desktop.actions import ActionParseError, parse
 from parity.envs.desktop.env import DesktopEnv
-from parity.envs.desktop.marks import draw, marks_of, table
+from parity.envs.desktop.marks import (
+    draw,
+    duplicate,
+    label_rects,
+    marks_of,
+    overlap,
+    place_labels,
+    rect,
+    table,
+)
 
 ROWS = [
     {"tag": "window", "name": "Editor", "text": "", "class": "Window", "description": "active",
@@ -38,7 +48,31 @@ def test_draw_outlines_each_mark_and_leaves_the_rest() -> None:
     assert (screen == 255).all()  # the input is not modified
     assert tuple(drawn[50, 100]) == (230, 20, 20) and tuple(drawn[50, 159]) == (230, 20, 20)  # box edges
     assert tuple(drawn[50, 130]) == (255, 255, 255)  # inside the box
+    assert tuple(drawn[35, 101]) == (230, 20, 20) and tuple(drawn[44, 155]) == (255, 255, 255)  # "1" above, not in
     assert (drawn[300:600, 600:900] == 255).all()  # nowhere near a mark
+
+
+def _row(tag: str, name: str, x: int, y: int, w: int, h: int, text: str = "") -> dict:
+    return {"tag": tag, "name": name, "text": text, "class": "atspi", "description": "", "x": x, "y": y, "w": w, "h": h}
+
+
+def test_an_element_exposed_twice_gets_one_mark() -> None:
+    rows = [_row("menu", "File", 0, 19, 39, 25), _row("menu", "Edit", 39, 19, 41, 25),
+            _row("menu", "File", 0, 19, 35, 19, "File"), _row("menu-item", "", 40, 20, 38, 23),
+            _row("combo-box", "Enter address", 100, 60, 300, 30), _row("entry", "", 102, 62, 296, 26, "http://a/"),
+            _row("push-button", "Back", 400, 60, 30, 30), _row("push-button", "Forward", 430, 60, 30, 30),
+            _row("push-button", "Back", 500, 60, 30, 30)]  # the same name elsewhere: another element
+    assert [(m["tag"], m["name"], m["x"]) for m in marks_of(rows)] == [
+        ("menu", "File", 0), ("menu", "Edit", 39), ("combo-box", "Enter address", 100), ("push-button", "Back", 400),
+        ("push-button", "Forward", 430), ("push-button", "Back", 500)]
+
+
+def test_numbers_go_beside_their_boxes_apart_from_each_other() -> None:
+    # A at the screen's top-left corner, B right of it, C below it: no room above A or B
+    boxes = [(0, 0, 30, 20), (30, 0, 60, 20), (0, 20, 30, 40)]
+    labels = place_labels(boxes, [(8, 10)] * 3, (200, 100))
+    assert labels == [(0, 20, 8, 30), (30, 20, 38, 30), (0, 40, 8, 50)]
+    assert place_labels([(0, 0, 200, 100)], [(8, 10)], (200, 100)) == [(0, 0, 8, 10)]  # no room outside: inside
 
 
 def test_actions_name_marks_in_both_forms() -> None:
@@ -89,6 +123,33 @@ def test_som_marks_a_real_browser_page(task_id: str) -> None:
                 ("push-button", "Back"), ("page-tab", "Corner shop")} <= number.keys()
         _, _, _, _, info = env.step(f"pyautogui.click(tag_{number[('link', 'Opening hours')]})")
         assert "error" not in info
+        assert env.step("DONE")[1] == 1.0
+    finally:
+        env.close()
+
+
+@needs_desktop
+@pytest.mark.parametrize("task_id", [pytest.param("calc-average", marks=needs_apps(["libreoffice_calc", "atspi"]))])
+def test_calc_marks_each_element_once_readably_and_reach_the_cells(task_id: str) -> None:
+    env = DesktopEnv(backend="local", obs_mode="som")
+    try:
+        env.reset(options={"task_id": task_id})
+        marks = env.marks
+        assert [m["name"] for m in marks if m["tag"] == "menu"] == [
+            "File", "Edit", "View", "Insert", "Format", "Styles", "Sheet", "Data", "Tools", "Window", "Help"]
+        assert [(i, j) for i in range(len(marks)) for j in range(i) if duplicate(marks[j], marks[i])] == []
+        labels = label_rects(marks, (1024, 768))
+        assert [(i, j) for i in range(len(labels)) for j in range(i) if overlap(labels[i], labels[j])] == []
+        assert [i for i, m in enumerate(marks) if overlap(labels[i], rect(m))] == []
+        # the cells: the sheet itself, and the Name Box (the `text` mark holding the cell address)
+        number = {(m["tag"], m["name"] or m["text"]): i for i, m in enumerate(marks, start=1)}
+        assert ("table", "Sheet Sheet1") in number
+        name_box = f"pyautogui.click(tag_{number[('text', 'A1')]})"
+        env.step(f"{name_box}; pyautogui.typewrite('A5'); pyautogui.press('enter')")
+        env.step("pyautogui.typewrite('mean'); pyautogui.press('enter')")
+        obs, *_ = env.step(f"{name_box}; pyautogui.typewrite('B5'); pyautogui.press('enter')")
+        assert "\ttext\t\tB5\t" in obs["marks"]
+        env.step("pyautogui.typewrite('=AVERAGE(B2:B4)'); pyautogui.press('enter'); pyautogui.hotkey('ctrl', 's')")
         assert env.step("DONE")[1] == 1.0
     finally:
         env.close()

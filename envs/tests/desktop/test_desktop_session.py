@@ -1,5 +1,6 @@
-"""The session's supervision of its window manager, without a display (stand-in processes for
-Xvfb and openbox): one that exits is started again, one that cannot start is reported dead."""
+"""The session's supervision of its window manager and AT-SPI daemons, without a display
+(stand-in processes for Xvfb, openbox and the daemons): a window manager that aborts is started
+again, one that cannot start or that was killed is reported dead, and so is a lost AT-SPI daemon."""
 
 from __future__ import annotations
 
@@ -15,10 +16,15 @@ from parity.envs.desktop.guest import session as guest_session
 from parity.envs.desktop.guest.session import WM_STARTS, Session, SessionError
 
 
-def _exited() -> subprocess.Popen:
-    proc = subprocess.Popen(["true"])
+def _exited(argv: list[str]) -> subprocess.Popen:
+    proc = subprocess.Popen(argv)
     proc.wait()
     return proc
+
+
+def _aborted() -> subprocess.Popen:
+    """A process that died of SIGABRT, as openbox at the pids limit."""
+    return _exited(["sh", "-c", "kill -ABRT $$"])
 
 
 @pytest.fixture
@@ -31,16 +37,16 @@ def waits(monkeypatch: pytest.MonkeyPatch) -> list[float]:
 
 @pytest.fixture
 def session(tmp_path: Path, waits: list[float]) -> Iterator[Session]:
-    """A session whose X server runs (a sleeper) and whose window manager has exited."""
+    """A session whose X server runs (a sleeper) and whose window manager has aborted."""
     s = Session(str(tmp_path / "run"), str(tmp_path), 64, 48)
-    s.xvfb, s.wm = subprocess.Popen(["sleep", "60"]), _exited()
+    s.xvfb, s.wm = subprocess.Popen(["sleep", "60"]), _aborted()
     yield s
     for proc in (s.xvfb, s.wm):
         proc.kill()
         proc.wait()
 
 
-def test_a_window_manager_that_exited_is_started_again(session: Session, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_window_manager_that_aborted_is_started_again(session: Session, monkeypatch: pytest.MonkeyPatch) -> None:
     starts: list[float] = []
 
     def start(timeout: float) -> None:
@@ -62,7 +68,7 @@ def test_a_window_manager_that_cannot_start_ends_up_dead(
         raise SessionError("openbox exited during start (code 1)")
 
     monkeypatch.setattr(session, "_start_wm", start)
-    why = "window manager exited with code 0 and did not start again (openbox exited during start (code 1))"
+    why = "window manager exited with code -6 and did not start again (openbox exited during start (code 1))"
     assert session.dead() == why and len(starts) == WM_STARTS
     assert waits == [0.5, 1, 2, 4, 8]  # longer each time
     assert session.dead() == why and len(starts) == WM_STARTS  # given up: no more tries
@@ -75,3 +81,21 @@ def test_a_window_manager_is_not_started_without_its_x_server(
     session.xvfb.wait()  # type: ignore[union-attr]
     monkeypatch.setattr(session, "_start_wm", lambda timeout: pytest.fail("started without X"))
     assert session.dead() == "X server exited with code -9"
+
+
+def test_a_window_manager_killed_from_outside_is_not_started_again(
+    session: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    session.wm = _exited(["sh", "-c", "kill -KILL $$"])
+    monkeypatch.setattr(session, "_start_wm", lambda timeout: pytest.fail("started again"))
+    assert session.dead() == "window manager exited with code -9"
+
+
+def test_a_lost_accessibility_daemon_is_a_dead_desktop(session: Session, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(session, "_start_wm", lambda timeout: setattr(session, "wm", subprocess.Popen(["sleep", "60"])))
+    registry = subprocess.Popen(["sleep", "60"])
+    session.support = [registry]
+    assert session.dead() is None
+    registry.kill()
+    registry.wait()
+    assert session.dead() == "accessibility daemon sleep exited with code -9"

@@ -145,7 +145,10 @@ def _walk(node: object, rows: list[dict], pyatspi: object) -> None:
             flags = [s for s in _STATES if states.contains(getattr(pyatspi, f"STATE_{s.upper()}"))]
             closed = role in _MENUS and not states.contains(pyatspi.STATE_EXPANDED) \
                 and not states.contains(pyatspi.STATE_SELECTED)
-            if states.contains(pyatspi.STATE_MANAGES_DESCENDANTS) or (closed and role == "menu"):
+            # LibreOffice's own menu bar, hidden under the GTK one, has no size but says it is
+            # showing, and so do its menus (in boxes over the toolbars)
+            hidden_bar = role == "menu-bar" and (box.width <= 0 or box.height <= 0)
+            if states.contains(pyatspi.STATE_MANAGES_DESCENDANTS) or (closed and role == "menu") or hidden_bar:
                 children = []
             elif closed:
                 children = [c for c in acc if c is not None and c.getRoleName() in _EDITABLE]

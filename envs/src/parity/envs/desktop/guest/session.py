@@ -34,9 +34,12 @@ LibreOffice's names (`office.APP_MODULES`: calc, writer, impress) and `browser` 
 with its own profile, `guest.browser`) are added per session."""
 
 WM_STARTS = 5
-"""Starts of a window manager that exited before the desktop counts as dead; the first waits
+"""Starts of a window manager that aborted before the desktop counts as dead; the first waits
 0.5 s, each next one twice as long (15.5 s in all: a fork storm that took every pid of the
 sandbox is over by then, or the desktop is replaced)."""
+
+OFFICE_DRAWN_S = 5.0
+"""How long a LibreOffice launch waits at most for its window to be drawn (see `launch`)."""
 
 _OPENERS = {".csv": "calc", ".xlsx": "calc", ".xls": "calc", ".ods": "calc", ".docx": "writer", ".doc": "writer",
             ".odt": "writer", ".rtf": "writer", ".pptx": "impress", ".odp": "impress", ".html": "browser",
@@ -119,7 +122,7 @@ class Session:
         return int(m.group(1)) if m else None
 
     def _restart_wm(self) -> str | None:
-        """Start the window manager again after it exited (WM_STARTS tries, waiting longer before
+        """Start the window manager again after it aborted (WM_STARTS tries, waiting longer before
         each); None once it runs, else why the desktop is dead. At the pids limit openbox aborts
         when Pango cannot create a thread ("[pango] FcFontSetSort"); the X server and the other
         session processes live on, and a new openbox manages the windows left."""
@@ -151,8 +154,10 @@ class Session:
         return path
 
     def dead(self) -> str | None:
-        """Why the desktop is unusable (the X server exited, or the window manager exited and did
-        not start again), or None if it is fine; a window manager that exited is started again."""
+        """Why the desktop is unusable (the X server, the window manager or an AT-SPI daemon
+        exited), or None if it is fine. A window manager that aborted is started again: openbox
+        does at the pids limit (see `_restart_wm`), a fork storm the agent made and the desktop
+        survives; one that exits otherwise (killed, crashed) has failed, and so has the desktop."""
         if self.xvfb is None or self.wm is None:
             return "desktop not started"
         self._reap_orphans()
@@ -164,7 +169,14 @@ class Session:
             return f"X server exited with code {self.xvfb.returncode}"
         if self.wm_failure is not None:
             return self.wm_failure
-        return None if self.wm.poll() is None else self._restart_wm()
+        for proc in self.support:  # without them the apps' trees are gone for good
+            if proc.poll() is not None:
+                return f"accessibility daemon {os.path.basename(proc.args[0])} exited with code {proc.returncode}"
+        if self.wm.poll() is None:
+            return None
+        if self.wm.returncode != -signal.SIGABRT:
+            return f"window manager exited with code {self.wm.returncode}"
+        return self._restart_wm()
 
     def _reap_orphans(self) -> None:
         """Reap the exited processes this server adopted as subreaper (a fork storm's children
@@ -236,6 +248,11 @@ class Session:
                 with contextlib.suppress(SessionError):
                     self._wait(lambda name=name, proc=proc: proc.poll() is not None or any(
                         t.startswith(name) for t in self.windows().values()), window_timeout, f"{name!r}")
+            if argv[0] == "soffice":
+                # until the pointer moves over its drawn window, GTK 3 LibreOffice gives its own
+                # (non-GTK) widgets' accessible boxes as if its menu bar were not there: 25 px too high
+                self.settle(OFFICE_DRAWN_S, 0.5)
+                self._x(["xdotool", "mousemove_relative", "--", "-1", "-1", "mousemove_relative", "1", "1"])
             return proc.pid
         raise SessionError(f"launch {command[0]!r}: no window after {attempts} starts of {window_timeout:g} s")
 
