@@ -105,8 +105,9 @@ def test_audit_on_vllm_measures_kernel_noise_only():
     (entry,) = report["models"]
     assert entry["conclusive"]
     assert [s["name"] for s in entry["scenarios"]] == [
-        "learner full-sequence forward vs engine", "batch size 1 vs many",
-        "prefix-cache hit vs miss", "multi-turn continuation", "after a weight update"]
+        "learner full-sequence forward vs engine", "learner forward vs engine at T=1",
+        "learner forward vs engine at T=0.7", "batch size 1 vs many", "prefix-cache hit vs miss",
+        "multi-turn continuation", "after a weight update", "chunked prefill, 32-token steps"]
     # other kernels, the same weights: differences of float noise, never of a wrong weight
     # (a tied head left on the old weights showed 1.19 after an update)
     assert all(s["max_abs_diff"] < 1e-4 for s in entry["scenarios"]), entry["scenarios"]

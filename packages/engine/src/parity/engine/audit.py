@@ -8,9 +8,10 @@ prefill of the same prefix. In aligned kernel mode every scenario must be bit-id
 standard mode several are expected to differ (the audit can fail).
 
 With a vLLM backend (`parity audit --engine vllm`) the scenarios that only need the
-engine's contract (requests, weight updates) run against vLLM instead, and the report shows
-by how much its logprobs differ from the learner's; the others need the parity engine's
-step-level control and are listed as not run.
+engine's contract (requests, weight updates) run against vLLM instead, those of
+SERVER_SCENARIOS each on a server started with settings of its own (chunked prefill forced),
+and the report shows by how much its logprobs differ from the learner's; the others need the
+parity engine's step-level control and are listed as not run.
 
 An audit is only as good as the distributions it compares: a saturated softmax (logprobs of
 0) hides every difference. Each result counts the compared tokens that carry real
@@ -142,10 +143,30 @@ class Auditor:
 
     # ------------------------------------------------------------------ scenarios
 
-    def learner_vs_engine(self) -> ScenarioResult:
-        prompts = [self.prompt(self.rng.randint(1, 90)) for _ in range(8)]
-        params = [self.params(temperature=t) for t in (0.8, 0.8, 1.0, 0.0, 0.8, 1.3, 0.8, 1.0)]
-        return check_cases("learner full-sequence forward vs engine", self.learner, self.run(prompts, params))
+    def learner_vs_engine(self, temperatures: tuple[float, ...] = (0.8, 0.8, 1.0, 0.0, 0.8, 1.3,
+                                                                   0.8, 1.0),
+                          name: str = "learner full-sequence forward vs engine") -> ScenarioResult:
+        prompts = [self.prompt(self.rng.randint(1, 90)) for _ in temperatures]
+        params = [self.params(temperature=t) for t in temperatures]
+        return check_cases(name, self.learner, self.run(prompts, params))
+
+    def learner_at(self, temperature: float) -> ScenarioResult:
+        """The learner comparison with every request at one sampling temperature (the
+        learner scores at it)."""
+        name = f"learner forward vs engine at T={temperature:g}"
+        return self.learner_vs_engine((temperature,) * 8, name)
+
+    def server_chunked_prefill(self) -> ScenarioResult:
+        """A backend whose server steps at most `max_num_batched_tokens` tokens (vLLM, its
+        own server: SERVER_SCENARIOS): each prompt is longer, so it is prefilled in several
+        chunks, at T 1.0 and 0.7. Unseeded: vLLM's CPU build dies rewinding a seeded
+        request's generator after a partial prefill (docs/vllm.md); the comparison needs no
+        seed, the learner scores whatever was sampled."""
+        budget = self.backend.settings.max_num_batched_tokens
+        prompts = [self.prompt(self.rng.randint(budget + 1, 4 * budget)) for _ in range(8)]
+        params = [self.params(temperature=t, seed=None) for t in (1.0, 0.7) * 4]
+        cases = self.run(prompts, params)
+        return check_cases(f"chunked prefill, {budget}-token steps", self.learner, cases)
 
     def batch_one_vs_many(self) -> ScenarioResult:
         target, sp = self.prompt(40), self.params()
@@ -310,6 +331,8 @@ class Auditor:
         """One scenario by its id (see SCENARIOS)."""
         if sid.startswith("chunk-"):
             return self.chunked_prefill(int(sid.removeprefix("chunk-")))
+        if sid.startswith("learner-t"):
+            return self.learner_at(float(sid.removeprefix("learner-t")))
         return getattr(self, _METHODS[sid])()
 
 
@@ -318,7 +341,7 @@ _METHODS = {
     "learner": "learner_vs_engine", "batch": "batch_one_vs_many", "needle": "needle_in_batch",
     "decode-prefill": "decode_vs_prefill", "prefix-cache": "prefix_cache",
     "preemption": "preemption", "multi-turn": "multi_turn", "threads": "threads",
-    "weight-update": "weight_update",
+    "weight-update": "weight_update", "chunked-prefill": "server_chunked_prefill",
 }
 SCENARIOS: tuple[str, ...] = (
     "learner", "batch", "needle", "decode-prefill", *[f"chunk-{c}" for c in _CHUNKS],
@@ -327,8 +350,15 @@ SCENARIOS: tuple[str, ...] = (
 # what a backend reached through requests and weight updates alone can run
 # (decode vs prefill needs the parity engine's per-position seeds: the same draw at a position)
 BACKEND_SCENARIOS: tuple[str, ...] = (
-    "learner", "batch", "prefix-cache", "multi-turn", "weight-update",
+    "learner", "learner-t1.0", "learner-t0.7", "batch", "prefix-cache", "multi-turn",
+    "weight-update",
 )
+# backend scenarios that need a server of their own: the VllmSettings each one's is started
+# with (on top of the audit's); the learner comparison under vLLM's own scheduling
+SERVER_SCENARIOS: dict[str, dict[str, int]] = {
+    # 32-token steps (and so at most 32 sequences: vLLM's bound) force chunked prefill
+    "chunked-prefill": {"max_num_batched_tokens": 32, "max_num_seqs": 32},
+}
 
 
 def learner_copy(model: Decoder) -> Decoder:

@@ -3,8 +3,9 @@ engine or a vLLM server, and the JSON report with its verdict (`parity audit`)."
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
@@ -13,7 +14,9 @@ from parity.engine.audit import (
     MIN_UNCERTAIN_FRACTION,
     MIN_UNCERTAIN_TOKENS,
     SCENARIOS,
+    SERVER_SCENARIOS,
     Auditor,
+    ScenarioResult,
 )
 from parity.model import AlignmentError, Decoder
 from parity.model.dtypes import dtype_name
@@ -22,13 +25,19 @@ from parity.model.selfcheck import machine, verify
 if TYPE_CHECKING:
     from parity.engine.vllm import VllmSettings
 
+# starts a server on the audited weights with these settings changed; closes it on exit
+Serve = Callable[[dict[str, Any]], contextlib.AbstractContextManager[Any]]
 
-def run_audit(model: Decoder, seed: int = 0, backend: Any = None) -> dict:
+
+def run_audit(model: Decoder, seed: int = 0, backend: Any = None, serve: Serve | None = None,
+              scenarios: Sequence[str] | None = None) -> dict:
     """Every scenario on `model` (in its current kernel mode), on the parity engine or on
-    `backend` (those of BACKEND_SCENARIOS); the JSON-ready report."""
+    `backend` (those of BACKEND_SCENARIOS, and those of SERVER_SCENARIOS each on a server of
+    its own that `serve` starts), or only `scenarios`; the JSON-ready report."""
     auditor = Auditor(model, seed, backend=backend)
-    run = BACKEND_SCENARIOS if backend is not None else SCENARIOS
-    results = [asdict(auditor.run_scenario(sid)) for sid in run]
+    everything = (*BACKEND_SCENARIOS, *SERVER_SCENARIOS) if serve else BACKEND_SCENARIOS
+    run = scenarios or (everything if backend is not None else SCENARIOS)
+    results = [asdict(_scenario(auditor, sid, serve)) for sid in run]
     compared = sum(r["tokens_compared"] for r in results)
     uncertain = sum(r["uncertain_tokens"] for r in results)
     return {
@@ -43,18 +52,42 @@ def run_audit(model: Decoder, seed: int = 0, backend: Any = None) -> dict:
     }
 
 
-def _on_vllm(model: Decoder, seed: int, settings: VllmSettings) -> dict:
-    """run_audit with vLLM serving `model`'s weights (saved to a temporary directory)."""
+def _scenario(auditor: Auditor, sid: str, serve: Serve | None) -> ScenarioResult:
+    """`sid` on the auditor's engine or, a server scenario given `serve`, on a server of its
+    own."""
+    if serve is None or sid not in SERVER_SCENARIOS:
+        return auditor.run_scenario(sid)
+    with serve(SERVER_SCENARIOS[sid]) as own:
+        return Auditor(auditor.model, auditor.rng.randrange(2**31), backend=own).run_scenario(sid)
+
+
+def vllm_servers(model_dir: str, settings: VllmSettings) -> Serve:
+    """A Serve starting a VllmBackend on `model_dir` with `settings` (updated), stopped on
+    exit."""
     from parity.engine.vllm import VllmBackend
+
+    @contextlib.contextmanager
+    def serve(update: dict[str, Any]) -> Iterator[VllmBackend]:
+        backend = VllmBackend(model_dir, settings.model_copy(update=update))
+        try:
+            yield backend
+        finally:
+            backend.close()
+
+    return serve
+
+
+def audit_on_vllm(model: Decoder, seed: int, settings: VllmSettings) -> dict:
+    """run_audit with vLLM serving `model`'s weights (saved to a temporary directory): the
+    audit's server, and one more per server scenario."""
     from parity.model import save_model
 
     with tempfile.TemporaryDirectory(prefix="parity-audit-") as d:
         save_model(model, d)
-        backend = VllmBackend(d, settings.model_copy(update={"dtype": dtype_name(model.compute_dtype)}))
-        try:
-            return {**run_audit(model, seed, backend), "vllm": backend.env["version"]}
-        finally:
-            backend.close()
+        dtype = dtype_name(model.compute_dtype)
+        serve = vllm_servers(d, settings.model_copy(update={"dtype": dtype}))
+        with serve({}) as backend:
+            return {**run_audit(model, seed, backend, serve), "vllm": backend.env["version"]}
 
 
 def audit_models(models: list[tuple[str, Callable[[], Decoder]]], kernels: str, seed: int = 0,
@@ -87,7 +120,7 @@ def audit_models(models: list[tuple[str, Callable[[], Decoder]]], kernels: str, 
             v = verify(cfg)
             entry["selfcheck"] = {"ok": v.ok, "checks": v.checks, "seconds": v.seconds,
                                   "threads": v.threads, "cached": v.cached}
-        entry.update(run_audit(model, seed) if vllm is None else _on_vllm(model, seed, vllm))
+        entry.update(run_audit(model, seed) if vllm is None else audit_on_vllm(model, seed, vllm))
         same = entry["all_bitwise_equal"]
         expected = same if kernels == "aligned" else not same
         measured_only = vllm is not None and not vllm.aligned

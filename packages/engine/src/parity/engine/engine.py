@@ -39,7 +39,6 @@ from parity.engine.stopping import Detokenizer
 from parity.engine.weights import apply_update, check_update
 from parity.model import Decoder
 
-
 LOOP_TURNS_AFTER_FINISH = 8
 
 
