@@ -97,6 +97,10 @@ class LearnerSection(ActorPlacement):
                        "(docs/scaling.md)")
     num_cpus: float = Field(1.0, gt=0, description="Ray CPUs reserved for the learner")
     num_gpus: float = Field(0.0, ge=0)
+    placement: Literal["pack", "spread"] = Field(
+        "pack", description="where the ranks go, through a Ray placement group: pack (as few "
+        "nodes as hold them) or spread (one rank per node; needs learner.ranks nodes that "
+        "can hold a rank)")
 
 
 class EngineSection(EngineLimits):

@@ -102,6 +102,8 @@ class Fleet:
         for actor in [*(wk.actor for wk in self.workers if wk.actor is not None),
                       *handles(self.learner)]:
             self.ray.kill(actor, no_restart=True)
+        if isinstance(self.learner, LearnerGroup):
+            self.learner.close()  # gives its placement group's resources back
 
     def _make_worker(self, w: int) -> Any:
         """Start worker w; a restart also checks that a node can still hold it (its own may be

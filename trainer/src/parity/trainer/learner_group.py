@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from parity.core.timing import Span
 from parity.core.types import Trajectory
@@ -22,6 +22,9 @@ from parity.trainer.driver_state import DriverState
 from parity.trainer.learner_actor import LearnerActor, ModelIO
 from parity.trainer.nodes import PlacementError, demand
 from parity.trainer.sharded_learner import ShardedLearner
+
+if TYPE_CHECKING:
+    from ray.util.placement_group import PlacementGroup
 
 RANK0_ONLY = frozenset({"publish", "node_probe", "placement"})
 
@@ -83,41 +86,90 @@ class _Call:
 
 
 class LearnerGroup:
-    """The learner ranks behind one handle, as the fleet calls a single learner actor."""
+    """The learner ranks behind one handle, as the fleet calls a single learner actor. The
+    ranks run in a Ray placement group (one bundle each, learner.placement), reserved until
+    `close`."""
 
     def __init__(self, cfg: TrainConfig, io: ModelIO, load_dir: str, model_dir: str) -> None:
         import ray
         import torch.distributed as dist
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         problem = too_few_nodes(cfg, ray.nodes())
         if problem:
             raise PlacementError(problem)
+        self.placement_group = _reserve(cfg)
         host = ray.util.get_node_ip_address()
         self.store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False,
                                    timeout=timedelta(seconds=cfg.train.start_timeout_s))
         lc = cfg.learner
         self.actors = [ray.remote(LearnerRank).options(
             num_cpus=lc.num_cpus, num_gpus=lc.num_gpus, resources=lc.resources,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                self.placement_group, placement_group_bundle_index=r),
         ).remote(cfg, io, load_dir, model_dir, r, (host, self.store.port))
             for r in range(lc.ranks)]
 
     def __getattr__(self, name: str) -> _Call:
         return _Call(self.actors[:1] if name in RANK0_ONLY else self.actors, name)
 
+    def close(self) -> None:
+        """Kill the ranks and give their placement group's resources back to the cluster."""
+        import ray
+
+        for actor in self.actors:
+            ray.kill(actor, no_restart=True)
+        ray.util.remove_placement_group(self.placement_group)
+
+
+def _bundle(cfg: TrainConfig) -> dict[str, float]:
+    """The Ray resources one rank asks for (those it asks for at all)."""
+    lc = cfg.learner
+    return {k: v for k, v in demand(lc.num_cpus, lc.num_gpus, lc.resources).items() if v > 0}
+
+
+def _keys(cfg: TrainConfig) -> str:
+    """The keys that size a rank, as error text names them."""
+    lc = cfg.learner
+    return (f"learner.num_cpus = {lc.num_cpus:g}, learner.num_gpus = {lc.num_gpus:g}, "
+            f"learner.resources = {lc.resources}")
+
+
+def _reserve(cfg: TrainConfig) -> PlacementGroup:
+    """A placement group of a bundle per rank, placed by learner.placement; PlacementError
+    naming the keys when it is not placed within train.start_timeout_s (the resources
+    exist, too_few_nodes checked, but other actors hold them)."""
+    import ray
+
+    lc, t = cfg.learner, cfg.train.start_timeout_s
+    pg = ray.util.placement_group([_bundle(cfg)] * lc.ranks, strategy=lc.placement.upper())
+    if pg.wait(timeout_seconds=t):
+        return pg
+    ray.util.remove_placement_group(pg)  # Ray would go on waiting for the resources
+    raise PlacementError(
+        f"placement: the learner.ranks = {lc.ranks} learner ranks (learner.placement = "
+        f"\"{lc.placement}\") were not placed within train.start_timeout_s = {t:g} s. The "
+        f"cluster could hold them, but other actors hold its resources ({_keys(cfg)}). Free "
+        f"or add resources, change those keys, or raise train.start_timeout_s.")
+
 
 def too_few_nodes(cfg: TrainConfig, nodes: list[dict[str, Any]]) -> str | None:
     """None if the alive `nodes` (ray.nodes()) could hold learner.ranks ranks at once, with
-    nothing else running; else the error text naming the keys."""
+    nothing else running, as learner.placement places them (spread: one rank per node);
+    else the error text naming the keys."""
     lc = cfg.learner
-    need = {k: v for k, v in demand(lc.num_cpus, lc.num_gpus, lc.resources).items() if v > 0}
-    fits = sum(int(min(n["Resources"].get(k, 0.0) // v for k, v in need.items()))
-               for n in nodes if n.get("Alive"))
+    need = _bundle(cfg)
+    per_node = [int(min(n["Resources"].get(k, 0.0) // v for k, v in need.items()))
+                for n in nodes if n.get("Alive")]
+    spread = lc.placement == "spread"
+    fits = sum(min(f, 1) for f in per_node) if spread else sum(per_node)
     if fits >= lc.ranks:
         return None
+    how = ' one per node (learner.placement = "spread")' if spread else ""
+    pack = 'set learner.placement = "pack", ' if spread else ""
     return (f"placement: the Ray cluster can hold {fits} of the learner.ranks = {lc.ranks} "
-            f"learner ranks, each of which needs {need} (learner.num_cpus = {lc.num_cpus:g}, "
-            f"learner.num_gpus = {lc.num_gpus:g}, learner.resources = {lc.resources}). Lower "
-            f"learner.ranks or those keys, or add nodes.")
+            f"learner ranks{how}, each of which needs {need} ({_keys(cfg)}). Lower "
+            f"learner.ranks or those keys, {pack}or add nodes.")
 
 
 def handles(learner: Any) -> list[Any]:

@@ -22,6 +22,8 @@ one.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
@@ -44,6 +46,20 @@ def split_by_tokens(lengths: Tensor, n: int) -> list[list[int]]:
     return [sorted(s) for s in shares]
 
 
+class _ZeRO(ZeroRedundancyOptimizer):
+    """ZeRO's sharded AdamW, whose step marks every parameter changed: it writes the ones
+    other ranks own with `dist.broadcast`, which leaves a tensor's version counter alone, and
+    parity's aligned GEMMs prepare a weight again only when that counter moves
+    (`parity.model.gemm`): without this, a rank went on computing with stale weights."""
+
+    def step(self, closure: Any = None) -> Any:
+        out = super().step(closure)
+        for group in self.param_groups:
+            for p in group["params"]:
+                torch.autograd.graph.increment_version(p)
+        return out
+
+
 class ShardedLearner(Learner):
     """The Learner as rank `dist.get_rank()` of the initialized default process group (gloo
     on CPU, NCCL on GPU); every rank is called with the same batches, in the same order.
@@ -58,9 +74,8 @@ class ShardedLearner(Learner):
 
     def _optimizer(self) -> torch.optim.Optimizer:
         o = self.cfg.optim
-        return ZeroRedundancyOptimizer(self.model.parameters(), optimizer_class=torch.optim.AdamW,
-                                       lr=o.lr, betas=o.betas, eps=o.eps,
-                                       weight_decay=o.weight_decay)
+        return _ZeRO(self.model.parameters(), optimizer_class=torch.optim.AdamW, lr=o.lr,
+                     betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
 
     def _micro_batches(self, b: Batch) -> list[list[int]]:
         """This rank's share of `b` in micro-batches; records the share for `_owned_sum`."""
