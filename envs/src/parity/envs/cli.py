@@ -114,14 +114,10 @@ def play(
         obs, _ = env.reset(seed=seed)
         _show(obs["messages"])
         while True:
-            if oracle:
-                typer.echo(f"[oracle] {env.unwrapped.oracle_action()}")
-            typer.echo("assistant> ", nl=False)
-            line = sys.stdin.readline()
-            if not line:
-                typer.echo("\n(end of input)")
+            line = _read_turn(env.unwrapped.oracle_action() if oracle else None)
+            if line is None:
                 return
-            obs, reward, terminated, truncated, info = env.step(line.rstrip("\n").replace("\\n", "\n"))
+            obs, reward, terminated, truncated, info = env.step(line)
             _show(obs["messages"])
             if terminated or truncated:
                 typer.echo(f"episode over: reward={reward} finish_reason={info['finish_reason']} "
@@ -150,15 +146,11 @@ def _play_agent(env: Any, seed: int, oracle: bool) -> None:
                 typer.echo(f"(the agent rewrote its history: segment {len(inner.session.segments)})")
             shown[:] = [segment, 0]
         _show(tuple(segment.messages[shown[1]:]))
-        if oracle:
-            typer.echo(f"[oracle] {inner.oracle_action()}")
-        typer.echo("assistant> ", nl=False)
-        line = sys.stdin.readline()
-        if not line:
-            typer.echo("\n(end of input)")
+        line = _read_turn(inner.oracle_action() if oracle else None)
+        if line is None:
             raise EOFError("end of input")
         shown[1] = len(segment.messages) + 1  # the assistant turn is shown as typed
-        return line.rstrip("\n").replace("\\n", "\n")
+        return line
 
     traj = asyncio.run(run_episode(env, oracle_generate(env, turn), seed=seed))
     if traj.failure == "generate_error":  # the end of input ended it
@@ -168,6 +160,19 @@ def _play_agent(env: Any, seed: int, oracle: bool) -> None:
                f"segments={len(traj.segments)}")
     if isinstance(traj.task, Mapping) and traj.task.get("answer") is not None:
         typer.echo(f"expected answer: {traj.task['answer']}")
+
+
+def _read_turn(hint: str | None) -> str | None:
+    """The model's turn as you type it (a literal \\n is a newline), after the oracle's
+    `hint` when asked for; None at the end of input."""
+    if hint is not None:
+        typer.echo(f"[oracle] {hint}")
+    typer.echo("assistant> ", nl=False)
+    line = sys.stdin.readline()
+    if not line:
+        typer.echo("\n(end of input)")
+        return None
+    return line.rstrip("\n").replace("\\n", "\n")
 
 
 def _show(messages: tuple) -> None:
