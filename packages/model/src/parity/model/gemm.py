@@ -17,15 +17,14 @@ bandwidth, and on AMD it ran the small GEMMs of the embedded model at half oneDN
 prepared weight and so the same kernel; oneDNN picks its kernels by ISA flags, not by CPU
 vendor. Other dtypes, and torch builds without oneDNN, run the stacked weight on MKL.
 
-In bfloat16 (x is bf16), on a CPU with bf16 instructions (AVX512-BF16 or AMX) and oneDNN, the
-GEMM streams bf16: the weights are rounded to bf16 once when prepared (fp32 masters and bf16
+In bfloat16 (x is bf16), on a CPU with AMX and oneDNN (`streams_bf16`), the GEMM streams bf16: the weights are rounded to bf16 once when prepared (fp32 masters and bf16
 weights give the same prepared weight, and a bf16 weight alone is not copied), and oneDNN's bf16
 matmul multiplies them in calls of at most BF16_ROWS rows, accumulating in fp32 and rounding
 each output to bf16 once. Its kernel for 2..63 rows keeps one reduction order per row (at 64
 rows and more, and at 1, it switches kernels: measured on Sapphire Rapids, and proved per
 machine like the fp32 class). A decode step thus reads half the bytes of the fp32 path, and a
-prefill runs at bf16 speed (2x the fp32 GEMM at 1,024 rows on Sapphire Rapids). Without bf16
-instructions the GEMM is the fp32 GEMM on the bf16 values (products of bf16 values are exact in
+prefill runs at bf16 speed (2x the fp32 GEMM at 1,024 rows on Sapphire Rapids). Elsewhere the
+GEMM is the fp32 GEMM on the bf16 values (products of bf16 values are exact in
 fp32, the fp32 accumulation keeps its proved order, the output is rounded to bf16 once). Either
 way learner and engine run the same path on one machine and agree bit for bit; nodes compare
 fingerprints, which cover the path.
@@ -81,11 +80,13 @@ def _on_onednn(dtype: torch.dtype) -> bool:
 
 @functools.cache
 def streams_bf16() -> bool:
-    """Whether bf16 GEMMs stream bf16 weights here: oneDNN and the CPU's bf16 instructions."""
+    """Whether bf16 GEMMs stream bf16 weights here: oneDNN and AMX's bf16 tiles, the kernels
+    whose row invariance was measured (Sapphire Rapids). AVX512-BF16 without AMX (AMD Zen 4/5,
+    Cooper Lake) keeps the fp32 path until its kernels are measured too."""
     from parity.model.dtypes import bf16_support
 
     s = bf16_support()
-    return ONEDNN and bool(s["avx512_bf16"] or s["amx_bf16"]) and bool(s["onednn_bf16"])
+    return ONEDNN and bool(s["amx_bf16"]) and bool(s["onednn_bf16"])
 
 
 def _native(dtype: torch.dtype) -> bool:

@@ -29,7 +29,7 @@ used as the contrast the parity audit must catch.
 bfloat16 (inputs in bf16): aligned ops compute in fp32 on the bf16 values with the weights
 rounded to bf16, by the very fp32 ops above, and round each output to bf16 once — fixed
 rounding points, the same in every caller, so learner and engine stay bit-identical. Linears,
-on a CPU with bf16 instructions, run oneDNN's bf16 GEMM on the bf16 weights instead, in calls
+on a CPU with AMX, run oneDNN's bf16 GEMM on the bf16 weights instead, in calls
 of one kernel's row range (`parity.model.gemm`). Standard
 ops run torch's native bf16 kernels, as a bf16 model usually runs (RMSNorm in fp32 inside,
 as Hugging Face's does).
