@@ -263,7 +263,7 @@ class AgentSession:
         starts with `forced` (tool_choice), put in the sequence as given, not sampled."""
         if forced:
             ids = self.renderer.tokenizer.encode(forced)
-            if ep.num_tokens + len(ids) >= self.limits.max_tokens:
+            if ep.limit_reached(len(ids)):  # the turn limit was checked as the request came
                 self.limit = "max_tokens"
                 raise RequestError(f"tool_choice: the call it forces does not fit the episode's "
                                    f"limit of {self.limits.max_tokens} tokens (max_tokens)",

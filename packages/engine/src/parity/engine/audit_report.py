@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
@@ -29,14 +29,16 @@ if TYPE_CHECKING:
 Serve = Callable[[dict[str, Any]], contextlib.AbstractContextManager[Any]]
 
 
-def run_audit(model: Decoder, seed: int = 0, backend: Any = None, serve: Serve | None = None,
-              scenarios: Sequence[str] | None = None) -> dict:
+def run_audit(model: Decoder, seed: int = 0, backend: Any = None, serve: Serve | None = None
+              ) -> dict:
     """Every scenario on `model` (in its current kernel mode), on the parity engine or on
     `backend` (those of BACKEND_SCENARIOS, and those of SERVER_SCENARIOS each on a server of
-    its own that `serve` starts), or only `scenarios`; the JSON-ready report."""
+    its own that `serve` starts); the JSON-ready report."""
     auditor = Auditor(model, seed, backend=backend)
-    everything = (*BACKEND_SCENARIOS, *SERVER_SCENARIOS) if serve else BACKEND_SCENARIOS
-    run = scenarios or (everything if backend is not None else SCENARIOS)
+    if backend is None:
+        run: tuple[str, ...] = SCENARIOS
+    else:
+        run = (*BACKEND_SCENARIOS, *SERVER_SCENARIOS) if serve else BACKEND_SCENARIOS
     results = [asdict(_scenario(auditor, sid, serve)) for sid in run]
     compared = sum(r["tokens_compared"] for r in results)
     uncertain = sum(r["uncertain_tokens"] for r in results)
@@ -77,7 +79,7 @@ def vllm_servers(model_dir: str, settings: VllmSettings) -> Serve:
     return serve
 
 
-def audit_on_vllm(model: Decoder, seed: int, settings: VllmSettings) -> dict:
+def _on_vllm(model: Decoder, seed: int, settings: VllmSettings) -> dict:
     """run_audit with vLLM serving `model`'s weights (saved to a temporary directory): the
     audit's server, and one more per server scenario."""
     from parity.model import save_model
@@ -120,7 +122,7 @@ def audit_models(models: list[tuple[str, Callable[[], Decoder]]], kernels: str, 
             v = verify(cfg)
             entry["selfcheck"] = {"ok": v.ok, "checks": v.checks, "seconds": v.seconds,
                                   "threads": v.threads, "cached": v.cached}
-        entry.update(run_audit(model, seed) if vllm is None else audit_on_vllm(model, seed, vllm))
+        entry.update(run_audit(model, seed) if vllm is None else _on_vllm(model, seed, vllm))
         same = entry["all_bitwise_equal"]
         expected = same if kernels == "aligned" else not same
         measured_only = vllm is not None and not vllm.aligned
