@@ -107,11 +107,13 @@ def test_audit_on_vllm_measures_kernel_noise_only():
     assert [s["name"] for s in entry["scenarios"]] == [
         "learner full-sequence forward vs engine", "learner forward vs engine at T=1",
         "learner forward vs engine at T=0.7", "batch size 1 vs many", "prefix-cache hit vs miss",
-        "multi-turn continuation", "after a weight update", "chunked prefill, 32-token steps"]
+        "multi-turn continuation", "after a weight update", "chunked prefill, 32-token steps",
+        "forced preemption and recompute"]
+    assert entry["scenarios"][-1]["preemptions"] > 0  # vLLM's own counter: it did preempt
     # other kernels, the same weights: differences of float noise, never of a wrong weight
     # (a tied head left on the old weights showed 1.19 after an update)
     assert all(s["max_abs_diff"] < 1e-4 for s in entry["scenarios"]), entry["scenarios"]
-    assert "preemption" in entry["not_run"]
+    assert "preemption" not in entry["not_run"] and "threads" in entry["not_run"]
 
 
 @pytest.mark.skipif(PROBLEM is not None, reason=PROBLEM or "")
@@ -128,6 +130,8 @@ def test_audit_on_vllm_aligned_is_bit_identical(dtype: str) -> None:
     (entry,) = report["models"]
     assert entry["conclusive"] and entry["all_bitwise_equal"] and entry["dtype"] == dtype
     assert all(s["bitwise_equal"] and s["max_abs_diff"] == 0.0 for s in entry["scenarios"])
+    assert entry["scenarios"][-1]["name"] == "forced preemption and recompute"
+    assert entry["scenarios"][-1]["preemptions"] > 0
 
 
 @pytest.mark.slow

@@ -9,7 +9,8 @@ standard mode several are expected to differ (the audit can fail).
 
 With a vLLM backend (`parity audit --engine vllm`) the scenarios that only need the
 engine's contract (requests, weight updates) run against vLLM instead, those of
-SERVER_SCENARIOS each on a server started with settings of its own (chunked prefill forced),
+SERVER_SCENARIOS on a server started with settings of its own (chunked prefill and
+preemption forced),
 and the report shows by how much its logprobs differ from the learner's; the others need the
 parity engine's step-level control and are listed as not run.
 
@@ -52,6 +53,7 @@ class ScenarioResult:
     bitwise_equal: bool
     uncertain_tokens: int = 0  # compared tokens with logprob < UNCERTAIN
     tokens_differing: int = 0
+    preemptions: int | None = None  # the preemption scenario's: sequences preempted
 
 
 @dataclass
@@ -232,13 +234,28 @@ class Auditor:
         return r
 
     def preemption(self) -> ScenarioResult:
+        if self.backend is not None:
+            return self.server_preemption()
         eng = self.engine(kv_blocks=16, max_batch_tokens=64)
         prompts = [self.prompt(self.rng.randint(30, 60)) for _ in range(4)]
         params = [self.params(max_new_tokens=24) for _ in prompts]
         outs = eng.generate(prompts, params)
         cases = [Case.of(p, c) for p, c in zip(prompts, outs, strict=True)]
         r = check_cases("forced preemption and recompute", self.learner, cases)
-        r.bitwise_equal = r.bitwise_equal and eng.scheduler.num_preemptions > 0
+        r.preemptions = eng.scheduler.num_preemptions
+        r.bitwise_equal = r.bitwise_equal and r.preemptions > 0
+        return r
+
+    def server_preemption(self) -> ScenarioResult:
+        """A backend whose KV pool is too small for the batch (vLLM, its own server:
+        SERVER_SCENARIOS): it preempts sequences and recomputes them, which its counter must
+        show. Unseeded, as in server_chunked_prefill: a recompute may be prefilled in chunks."""
+        before = self.backend.preemptions()
+        prompts = [self.prompt(self.rng.randint(40, 120)) for _ in range(8)]
+        params = [self.params(max_new_tokens=40, temperature=t, seed=None) for t in (1.0, 0.7) * 4]
+        r = check_cases("forced preemption and recompute", self.learner, self.run(prompts, params))
+        r.preemptions = self.backend.preemptions() - before
+        r.bitwise_equal = r.bitwise_equal and r.preemptions > 0
         return r
 
     def multi_turn(self) -> ScenarioResult:
@@ -353,11 +370,16 @@ BACKEND_SCENARIOS: tuple[str, ...] = (
     "learner", "learner-t1.0", "learner-t0.7", "batch", "prefix-cache", "multi-turn",
     "weight-update",
 )
-# backend scenarios that need a server of their own: the VllmSettings each one's is started
-# with (on top of the audit's); the learner comparison under vLLM's own scheduling
-SERVER_SCENARIOS: dict[str, dict[str, int]] = {
+# backend scenarios that need a server of their own, all run on one server started with
+# SERVER_SETTINGS (on top of the audit's): the learner comparison under vLLM's own scheduling
+SERVER_SCENARIOS: tuple[str, ...] = ("chunked-prefill", "preemption")
+SERVER_SETTINGS: dict[str, int] = {
     # 32-token steps (and so at most 32 sequences: vLLM's bound) force chunked prefill
-    "chunked-prefill": {"max_num_batched_tokens": 32, "max_num_seqs": 32},
+    "max_num_batched_tokens": 32, "max_num_seqs": 32,
+    # 4 KV blocks, one of them vLLM's null block: 192 tokens aligned (64-token blocks), 384
+    # stock (128), for 8 sequences of up to 160 tokens, force preemption (6 blocks did not
+    # preempt stock vLLM)
+    "num_kv_blocks": 4, "max_model_len": 192,
 }
 
 

@@ -15,8 +15,8 @@ from parity.engine.audit import (
     MIN_UNCERTAIN_TOKENS,
     SCENARIOS,
     SERVER_SCENARIOS,
+    SERVER_SETTINGS,
     Auditor,
-    ScenarioResult,
 )
 from parity.model import AlignmentError, Decoder
 from parity.model.dtypes import dtype_name
@@ -32,35 +32,32 @@ Serve = Callable[[dict[str, Any]], contextlib.AbstractContextManager[Any]]
 def run_audit(model: Decoder, seed: int = 0, backend: Any = None, serve: Serve | None = None
               ) -> dict:
     """Every scenario on `model` (in its current kernel mode), on the parity engine or on
-    `backend` (those of BACKEND_SCENARIOS, and those of SERVER_SCENARIOS each on a server of
-    its own that `serve` starts); the JSON-ready report."""
+    `backend` (those of BACKEND_SCENARIOS, and those of SERVER_SCENARIOS on one server of
+    their own that `serve` starts with SERVER_SETTINGS); the JSON-ready report."""
     auditor = Auditor(model, seed, backend=backend)
     if backend is None:
         run: tuple[str, ...] = SCENARIOS
+        results = [auditor.run_scenario(sid) for sid in run]
     else:
         run = (*BACKEND_SCENARIOS, *SERVER_SCENARIOS) if serve else BACKEND_SCENARIOS
-    results = [asdict(_scenario(auditor, sid, serve)) for sid in run]
-    compared = sum(r["tokens_compared"] for r in results)
-    uncertain = sum(r["uncertain_tokens"] for r in results)
+        results = [auditor.run_scenario(sid) for sid in BACKEND_SCENARIOS]
+        if serve is not None:
+            with serve(SERVER_SETTINGS) as own:
+                on_own = Auditor(model, auditor.rng.randrange(2**31), backend=own)
+                results += [on_own.run_scenario(sid) for sid in SERVER_SCENARIOS]
+    rows = [asdict(r) for r in results]
+    compared = sum(r["tokens_compared"] for r in rows)
+    uncertain = sum(r["uncertain_tokens"] for r in rows)
     return {
         "kernels": model.kernels.mode,
         "dtype": dtype_name(model.compute_dtype),
-        "scenarios": results,
+        "scenarios": rows,
         "tokens_compared": compared,
         "uncertain_tokens": uncertain,
         "conclusive": uncertain >= max(MIN_UNCERTAIN_TOKENS, MIN_UNCERTAIN_FRACTION * compared),
-        "all_bitwise_equal": all(r["bitwise_equal"] for r in results),
+        "all_bitwise_equal": all(r["bitwise_equal"] for r in rows),
         "not_run": [sid for sid in SCENARIOS if sid not in run],
     }
-
-
-def _scenario(auditor: Auditor, sid: str, serve: Serve | None) -> ScenarioResult:
-    """`sid` on the auditor's engine or, a server scenario given `serve`, on a server of its
-    own."""
-    if serve is None or sid not in SERVER_SCENARIOS:
-        return auditor.run_scenario(sid)
-    with serve(SERVER_SCENARIOS[sid]) as own:
-        return Auditor(auditor.model, auditor.rng.randrange(2**31), backend=own).run_scenario(sid)
 
 
 def vllm_servers(model_dir: str, settings: VllmSettings) -> Serve:
@@ -81,7 +78,7 @@ def vllm_servers(model_dir: str, settings: VllmSettings) -> Serve:
 
 def _on_vllm(model: Decoder, seed: int, settings: VllmSettings) -> dict:
     """run_audit with vLLM serving `model`'s weights (saved to a temporary directory): the
-    audit's server, and one more per server scenario."""
+    audit's server, and one more for the server scenarios."""
     from parity.model import save_model
 
     with tempfile.TemporaryDirectory(prefix="parity-audit-") as d:

@@ -112,6 +112,8 @@ class VllmBackend:
             cmd.append("--aligned")
         if s.max_num_batched_tokens:
             cmd += ["--max-num-batched-tokens", str(s.max_num_batched_tokens)]
+        if s.num_kv_blocks:
+            cmd += ["--num-kv-blocks", str(s.num_kv_blocks)]
         cores = sorted(os.sched_getaffinity(0))
         cores = cores[:s.num_threads] if s.num_threads else cores
         env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHON"))}
@@ -166,6 +168,13 @@ class VllmBackend:
         raise VllmError(f"the vLLM server did not start within vllm.start_timeout_s = "
                         f"{self.settings.start_timeout_s:g} s; the end of its log "
                         f"{self.log_path}:\n{self.log_tail()}")
+
+    def preemptions(self) -> int:
+        """Sequences vLLM preempted (their KV freed, recomputed later) since it started: its
+        `vllm:num_preemptions_total`, from /health."""
+        transport = httpx.HTTPTransport(uds=str(self.socket))
+        with httpx.Client(transport=transport, base_url="http://vllm", timeout=10) as client:
+            return int(client.get("/health").raise_for_status().json()["preemptions"])
 
     def close(self) -> None:
         """Stop the server (and its engine processes); idempotent."""

@@ -43,3 +43,6 @@ class VllmSettings(VllmOptions):
                           "(parity.vllm_plugin): the learner's bits")
     max_num_batched_tokens: int | None = Field(None, description="tokens per engine step; a "
                                                "small one forces chunked prefill")
+    num_kv_blocks: int | None = Field(None, description="KV cache blocks (vLLM's "
+                                      "num_gpu_blocks_override); empty: what kv_cache_gib "
+                                      "holds. A pool too small for the batch forces preemption")

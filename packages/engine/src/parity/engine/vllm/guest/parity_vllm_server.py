@@ -18,10 +18,12 @@ parity's engine:
      after the requests in flight have finished; requests that arrive meanwhile wait, so
      every request runs on one version, the one it reports. A tensor whose name, shape or
      dtype differs from the checkpoint's is refused (400) before anything is loaded.
-  GET  /health -> {"version", "model", "max_model_len", "vllm", "aligned", "probe"}
+  GET  /health -> {"version", "model", "max_model_len", "vllm", "aligned", "probe",
+                   "preemptions"}
      `probe` (aligned only): the vLLM worker's own proof of parity's aligned kernels and
      their fingerprint at the model's shapes (parity.model.selfcheck.probe), computed in that
-     process, on vLLM's torch, at start-up.
+     process, on vLLM's torch, at start-up. `preemptions`: vLLM's
+     vllm:num_preemptions_total since it started.
 
 Errors are JSON {"error": "..."} with status 400 (a bad request) or 500. (No `from
 __future__ import annotations`: FastAPI reads the handlers' annotations at run time.)
@@ -152,6 +154,7 @@ class Server:
             max_model_len=args.max_model_len, enforce_eager=args.enforce_eager,
             enable_prefix_caching=True, logprobs_mode="processed_logprobs",
             max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+            num_gpu_blocks_override=args.num_kv_blocks,
             worker_extension_cls="parity_vllm_server.ParityWorkerExtension", **aligned,
         )
         self.engine = AsyncLLM.from_engine_args(engine_args)
@@ -244,6 +247,14 @@ class Server:
             return {"version": version, "drain_s": t1 - t0, "load_s": time.perf_counter() - t1}
 
 
+def preemptions() -> int:
+    """vLLM's count of preempted sequences (its Prometheus counter, in this process)."""
+    from prometheus_client import REGISTRY
+
+    return int(sum(s.value for m in REGISTRY.collect() for s in m.samples
+                   if s.name == "vllm:num_preemptions_total"))
+
+
 def make_app(server: Server, stop: Callable[[], None]):
     import vllm
     from fastapi import FastAPI, Request
@@ -266,7 +277,8 @@ def make_app(server: Server, stop: Callable[[], None]):
     async def health() -> dict:
         return {"version": server.version, "model": str(server.model_dir),
                 "max_model_len": server.max_model_len, "vllm": vllm.__version__,
-                "aligned": server.aligned, "probe": server.probe}
+                "aligned": server.aligned, "probe": server.probe,
+                "preemptions": preemptions()}
 
     @app.post("/generate")
     async def generate(request: Request) -> JSONResponse:
@@ -303,6 +315,8 @@ def main() -> None:
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help="tokens one engine step may process (small: chunked prefill forced)")
+    p.add_argument("--num-kv-blocks", type=int, default=None,
+                   help="KV cache blocks (small: sequences are preempted and recomputed)")
     p.add_argument("--enforce-eager", action="store_true")
     p.add_argument("--aligned", action="store_true",
                    help="run parity's decoder (the parity.vllm_plugin package): logprobs "
