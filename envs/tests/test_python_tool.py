@@ -121,7 +121,7 @@ def test_a_sandbox_killed_during_a_step_fails_the_episode_not_the_agent() -> Non
     async def generate(prompt, sampling):
         text = next(turns)
         if "sleep" in text:  # dies half a second into the call
-            threading.Timer(0.5, _kill_helper, [env._sandbox]).start()
+            threading.Timer(0.5, _kill_helper, [env._held.sandbox]).start()
         ids = [*tok.encode(text), tok.eos_token_id]
         return Completion(ids, [-0.5] * len(ids), [0] * len(ids), "stop")
 
@@ -131,7 +131,7 @@ def test_a_sandbox_killed_during_a_step_fails_the_episode_not_the_agent() -> Non
     assert (traj.failure, traj.num_turns, traj.reward) == ("sandbox", 2, 0.0)
     assert traj.finish_reason.startswith("sandbox_error: SandboxError: local sandbox failed")
     assert traj.reward_components == {}  # not scored
-    assert env._sandbox is None  # released; the next call opens a new one
+    assert env._held.sandbox is None  # released; the next call opens a new one
     again = asyncio.run(run_episode(env, oracle_generate(env), seed=1))
     env.close()
     assert (again.failure, again.reward) == (None, 1.0)

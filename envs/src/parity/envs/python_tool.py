@@ -23,7 +23,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -32,6 +31,7 @@ from parity.envs.answers import head_tail, same_answer
 from parity.envs.core import Response, TextEnv
 from parity.envs.data import Task
 from parity.envs.episode import Episode, EpisodeLimits, Message
+from parity.envs.held_sandbox import HeldSandbox
 from parity.envs.rubric import Criterion, Rubric
 from parity.envs.tools import ToolCall, extract_tag, make_parser
 
@@ -122,11 +122,9 @@ class PythonToolEnv(TextEnv):
         self.sandbox_latency_s = sandbox_latency_s
         self.tool_role = tool_role
         self.system_prompt = system_prompt
-        self._factory = sandbox_factory or self._open_default(backend, sandbox_limits or {})
-        self.sandbox_pool = sandbox_pool
-        self._sandbox: Any = None
+        self._held = HeldSandbox(sandbox_factory or self._open_default(backend, sandbox_limits or {}),
+                                 sandbox_pool)
         self._session: Any = None
-        self._lease: AsyncExitStack | None = None
         self.rubric = Rubric([
             Criterion(self._correct, 1.0, "correct"),
             Criterion(lambda ep: float(ep.metrics.get("tool_calls", 0) > 0), 0.0, "used_tool"),
@@ -193,17 +191,13 @@ class PythonToolEnv(TextEnv):
         from parity.sandboxes import SandboxInputError
 
         try:
-            if self._sandbox is None and self.sandbox_pool is not None:
-                self._lease = AsyncExitStack()
-                self._sandbox = await self._lease.enter_async_context(self.sandbox_pool.lease())
-            elif self._sandbox is None:
-                self._sandbox = await asyncio.to_thread(self._factory)
+            sandbox = await self._held.get()
             if self.persistent:
                 if self._session is None:
-                    self._session = self._sandbox.python_session()
+                    self._session = sandbox.python_session()
                 result = await self._session.arun(code)
             else:
-                result = await self._sandbox.arun_python(code)
+                result = await sandbox.arun_python(code)
         except SandboxInputError as e:
             return head_tail(f"error: {e}", self.output_chars), {"rejected_calls": 1}
         notes = [n for n, on in (("timed out", result.timed_out), ("out of memory", result.oom),
@@ -220,12 +214,8 @@ class PythonToolEnv(TextEnv):
         return head_tail(out, self.output_chars), metrics
 
     async def release(self) -> None:
-        sandbox, lease = self._sandbox, self._lease
-        self._sandbox, self._session, self._lease = None, None, None
-        if lease is not None:  # back to the pool, which resets or retires it
-            await lease.aclose()
-        elif sandbox is not None:
-            await asyncio.to_thread(sandbox.close)
+        self._session = None
+        await self._held.release()
 
     def oracle(self) -> str:
         ep = self.episode

@@ -36,7 +36,6 @@ import math
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import AsyncExitStack
 from typing import Any
 
 import gymnasium as gym
@@ -48,6 +47,7 @@ from parity.envs.agent.session import AgentSession
 from parity.envs.core import Response, TextEnv
 from parity.envs.data import Task
 from parity.envs.episode import Episode, Message
+from parity.envs.held_sandbox import HeldSandbox
 from parity.envs.registry import _import_env_module
 from parity.envs.rubric import Rubric
 from parity.envs.runner import Generate
@@ -69,35 +69,25 @@ def resolve(target: Any, what: str) -> Any:
     return getattr(sys.modules[module], attr)
 
 
-class AgentSandbox:
+class AgentSandbox(HeldSandbox):
     """The episode's sandbox for the agent's tools (`parity.sandboxes`), opened on first use
     (or leased from the worker's warm `pool`) and closed (or given back) when the episode
     ends."""
 
     def __init__(self, backend: str, limits: Mapping[str, Any], pool: Any = None) -> None:
-        self.backend, self.limits, self.pool = backend, dict(limits), pool
-        self._sandbox: Any = None
-        self._lease: AsyncExitStack | None = None
+        def open_sandbox() -> Any:
+            from parity.sandboxes import open_sandbox
+
+            return open_sandbox(backend, tool_limits(limits))
+
+        super().__init__(open_sandbox, pool)
 
     async def run_python(self, code: str) -> Any:
         """Run `code` in a fresh process of the sandbox; its `ExecResult`."""
-        if self._sandbox is None and self.pool is not None:
-            self._lease = AsyncExitStack()
-            self._sandbox = await self._lease.enter_async_context(self.pool.lease())
-        elif self._sandbox is None:
-            from parity.sandboxes import open_sandbox
-
-            self._sandbox = await asyncio.to_thread(open_sandbox, self.backend,
-                                                    tool_limits(self.limits))
-        return await self._sandbox.arun_python(code)
+        return await (await self.get()).arun_python(code)
 
     async def close(self) -> None:
-        sandbox, lease = self._sandbox, self._lease
-        self._sandbox, self._lease = None, None
-        if lease is not None:  # back to the pool, which resets or retires it
-            await lease.aclose()
-        elif sandbox is not None:
-            await asyncio.to_thread(sandbox.close)
+        await self.release()
 
 
 def tool_limits(limits: Mapping[str, Any]) -> Any:
