@@ -3,6 +3,7 @@
     uv run python scripts/experiments.py                 # all experiments (long: see --only)
     uv run python scripts/experiments.py --only kernels  # one group
     uv run python scripts/experiments.py --only bf16 --steps 200  # the bf16 drift experiment
+    uv run python scripts/experiments.py --only vllm-bf16 --steps 40  # needs build_vllm_env.sh
     uv run python scripts/experiments.py --report-only   # rebuild the page from runs/experiments
 
 Each run is a plain `parity train` of the embedded default with overrides; runs go to
@@ -42,6 +43,13 @@ GROUPS: dict[str, dict[str, list[str]]] = {
         "vllm+tis": ["rollout.engine=\"vllm\"", "loss.is_mode=\"tis\""],
         "vllm+gate": ["rollout.engine=\"vllm\"", "loss.gate_kl=0.001"],
     },
+    "vllm-bf16": {  # the same job in bf16 on vLLM: parity's decoder in it vs vLLM's own
+        "vllm-aligned-bf16": ["rollout.engine=\"vllm-aligned\"", "model.dtype=\"bfloat16\"",
+                              *HELDOUT],
+        "vllm-bf16": ["rollout.engine=\"vllm\"", "model.dtype=\"bfloat16\"", *HELDOUT],
+        "vllm-bf16+gate": ["rollout.engine=\"vllm\"", "model.dtype=\"bfloat16\"",
+                           "loss.gate_kl=0.001", *HELDOUT],
+    },
     "bf16": {  # the seeds' comparison in bf16, where standard kernels' mismatch is not ~1e-13
         "bf16-aligned": ["model.dtype=\"bfloat16\"", *HELDOUT],
         "bf16-standard": ["model.dtype=\"bfloat16\"", "model.kernels=\"standard\"", *HELDOUT],
@@ -67,8 +75,9 @@ def run(name: str, overrides: list[str], steps: int) -> None:
         cmd += ["--set", o]
     print(f"== {name}: {' '.join(cmd)}", flush=True)
     t0 = time.time()
-    subprocess.run(cmd, cwd=ROOT, check=True)
-    print(f"== {name}: {time.time() - t0:.0f}s", flush=True)
+    # a run that learned nothing exits 1 with its summary written: it is a result here
+    rc = subprocess.run(cmd, cwd=ROOT).returncode
+    print(f"== {name}: {time.time() - t0:.0f}s, exit {rc}", flush=True)
 
 
 def metrics(name: str) -> list[dict]:
@@ -112,6 +121,13 @@ def plot(names: list[str], key: str, path: Path, title: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def heldout(s: dict) -> str:
+    """Held-out success before → after from a run's summary; "—" for a run without it."""
+    if "heldout_success_after" not in s:
+        return "—"
+    return f"{s['heldout_success_before']:.1%} → {s['heldout_success_after']:.1%}"
 
 
 def finished(group: str) -> list[str]:
@@ -158,11 +174,14 @@ def report(groups: list[str]) -> str:
                          f"{s.get('lag/mean/mean', 0):.2f}/{s.get('lag/max/max', 0):.0f} |")
         plot(names, "reward/mean", IMG / "async_reward.png", "reward by update")
         lines += ["", "![reward](img/async_reward.png)", ""]
-    if "vllm" in groups:
-        names = finished("vllm")
-        lines += ["### parity's aligned engine vs vLLM", "",
-                  "| run | D3 peak/median | D3 mismatch median / max | KL first→last (median) | reward first→last | gate rejected (mean) | wall s |",
-                  "|---|---|---|---|---|---|---|"]
+    for group, title in (("vllm", "parity's aligned engine vs vLLM"),
+                         ("vllm-bf16", "bf16 on vLLM: parity's decoder in vLLM vs vLLM's own")):
+        if group not in groups:
+            continue
+        names = finished(group)
+        lines += [f"### {title}", "",
+                  "| run | D3 peak/median | D3 mismatch median / max | KL first→last (median) | reward first→last | held-out before→after | gate rejected (mean) | wall s |",
+                  "|---|---|---|---|---|---|---|---|"]
         for n in names:
             rows, s = metrics(n), summary(n)
             mm = [r["is/d3_mismatch"] for r in rows if "is/d3_mismatch" in r]
@@ -171,8 +190,8 @@ def report(groups: list[str]) -> str:
                 f"| {n} | {peak_over_median(rows):.2f}× | {statistics.median(mm):.3g} / {max(mm):.3g} | "
                 f"{window(rows, 'kl/rollout_learner', True):.3g} → {window(rows, 'kl/rollout_learner', False):.3g} | "
                 f"{window(rows, 'reward/mean', True):.2f} → {window(rows, 'reward/mean', False):.2f} | "
-                f"{statistics.mean(gate):.1%} | {s['wall_s']:.0f} |")
-        lines += mismatch_plots(names, "vllm")
+                f"{heldout(s)} | {statistics.mean(gate):.1%} | {s['wall_s']:.0f} |")
+        lines += mismatch_plots(names, group.replace("-", "_"))
     if "bf16" in groups:
         names = finished("bf16")
         lines += ["### bf16: aligned vs standard, TIS, the sequence gate, lag 8", "",
@@ -190,7 +209,7 @@ def report(groups: list[str]) -> str:
                 f"| {n} | {s['updates']} | {s.get('lag/mean/mean', 0):.2f} | {peak_over_median(rows):.2f}× | "
                 f"{statistics.median(mm):.3g} / {max(mm):.3g} | {window(rows, 'is/d3_mismatch', True):.3g} → {window(rows, 'is/d3_mismatch', False):.3g} | {lag:.3g} | {ratio:.2g} | {k0:.3g} → {k1:.3g} | {k1 / k0 if k0 > 0 else float('nan'):.2f}× | "
                 f"{window(rows, 'reward/mean', True):.2f} → {window(rows, 'reward/mean', False):.2f} | "
-                f"{s.get('heldout_success_before', float('nan')):.1%} → {s.get('heldout_success_after', float('nan')):.1%} | "
+                f"{heldout(s)} | "
                 f"{statistics.mean(gate):.1%} |")
         lines += mismatch_plots(names, "bf16")
         plot(names, "is/d3_lag", IMG / "bf16_d3_lag.png", "D3 lag (weights moved)")

@@ -4,6 +4,7 @@
     uv run python scripts/profile_engine_step.py qwen2-0.5b --new-tokens 32 --repeats 3
     uv run python scripts/profile_engine_step.py "tiny batch" --threads 1   # as a rollout actor
     uv run python scripts/profile_engine_step.py multi-turn --repeats 1     # prefill vs cache
+    uv run python scripts/profile_engine_step.py qwen2-0.5b --dtype bfloat16
 
 A multi-turn case (`parity bench engine --case multi-turn`) runs its episodes turn by turn
 (each turn a prefill of the new observation against the cached prefix, then decode) and is
@@ -77,13 +78,15 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=0, help="instead of the case's own")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                    help="the model held in this dtype, as the bench's two arms")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     blas.configure()
     keep_freed_memory()
     case = next(c for c in (*CASES, *ON_REQUEST) if args.case in c.name)
-    model = _models(case.shape, case.tie_word_embeddings)["float32"]
+    model = _models(case.shape, case.tie_word_embeddings)[args.dtype]
     if isinstance(case, MultiTurnCase):
         obs = observations(case, model.config.vocab_size, seed=0)
         params = _params(case.episodes, args.new_tokens or case.new_tokens)
@@ -111,7 +114,7 @@ def main() -> None:
             if r and (mode not in best or total < best[mode][0]):
                 best[mode] = total, units(eng), dict(clocks)
     model.set_kernels("aligned")
-    print(f"{case.name}: {what}; ms per {unit} (fastest of {args.repeats} rounds)")
+    print(f"{case.name} ({args.dtype}): {what}; ms per {unit} (fastest of {args.repeats} rounds)")
     for mode, (total, steps, phases) in best.items():
         sampled = phases.get("sampling (with lm_head)", 0.0)
         head = [k for k in phases if k.startswith("linear") and k.endswith(f"->{model.config.vocab_size}")]

@@ -116,6 +116,20 @@ def test_concurrent_requests_and_the_prefix_cache(served):
 
 
 @needs_vllm
+def test_seeded_prompts_prefilled_in_chunks_draw_as_they_do_whole(served):
+    """Six seeded 500-token prompts at once pass vLLM's 2,048-token step, so some are
+    prefilled in chunks: vLLM's CPU build used to kill its engine rewinding their
+    generators. Each draws the tokens it draws alone, prefilled whole."""
+    _, backend = served
+    prompts = [[1 + (7 * i + j) % 120 for j in range(500)] for i in range(6)]
+    params = [SamplingParams(temperature=T, max_new_tokens=8, seed=100 + i) for i in range(6)]
+    together = backend.generate(prompts, params)
+    alone = [backend.generate([p], [sp])[0] for p, sp in zip(prompts[4:], params[4:], strict=True)]
+    assert [c.token_ids for c in together[4:]] == [c.token_ids for c in alone]
+    assert all(len(c.token_ids) == 8 for c in together)
+
+
+@needs_vllm
 def test_weight_update_in_place_changes_the_policy_and_its_version(served):
     model, backend = served
     prompt = [40, 41, 42, 43]

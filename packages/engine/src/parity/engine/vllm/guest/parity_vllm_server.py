@@ -68,6 +68,44 @@ class ParityWorkerExtension:
         runner = self.model_runner  # type: ignore[attr-defined]
         runner.get_model().request_ids = lambda: runner.input_batch.req_ids
 
+    def parity_keep_seeded_draws(self) -> None:
+        """vLLM 0.32 on the CPU: at a step that prefills only part of a seeded request's
+        prompt (chunked prefill), vLLM samples a token it discards and rewinds the request's
+        generator with `set_offset`, which a CPU generator refuses: the engine died ("CPU
+        Generator does not use offset") as soon as concurrent seeded prompts passed one
+        step's token budget. Here each such request's generator is saved before the step's
+        draw and restored after it, and kept out of vLLM's rewind: the rewind vLLM means, so
+        a seeded request draws the same tokens however its prompt was chunked."""
+        import numpy as np
+
+        runner = self.model_runner  # type: ignore[attr-defined]
+        if runner.device.type != "cpu":  # a GPU generator rewinds by its offset
+            return
+        sample, bookkeeping = runner._sample, runner._bookkeeping_sync
+
+        def discarded() -> list[int]:
+            batch = runner.input_batch
+            return [int(i) for i in np.nonzero(runner.discard_request_mask.np[:batch.num_reqs])[0]
+                    if int(i) in batch.generators]
+
+        def sample_keeping_draws(*args, **kwargs):
+            gens = runner.input_batch.generators
+            saved = {i: gens[i].get_state() for i in discarded()}
+            out = sample(*args, **kwargs)
+            for i, state in saved.items():
+                gens[i].set_state(state)
+            return out
+
+        def bookkeeping_without_rewind(*args, **kwargs):
+            gens = runner.input_batch.generators
+            hidden = {i: gens.pop(i) for i in discarded()}
+            try:
+                return bookkeeping(*args, **kwargs)
+            finally:
+                gens.update(hidden)
+
+        runner._sample, runner._bookkeeping_sync = sample_keeping_draws, bookkeeping_without_rewind
+
     def parity_probe(self) -> dict:
         """This worker's proof and fingerprint of parity's aligned kernels (aligned only)."""
         from parity.model.selfcheck import probe
@@ -185,7 +223,9 @@ class Server:
         )
 
     async def start(self) -> None:
-        """What runs once the engine is up: the aligned worker's probe."""
+        """What runs once the engine is up: seeded draws kept through chunked prefill, and
+        the aligned worker's probe."""
+        await self.engine.collective_rpc("parity_keep_seeded_draws")
         if self.aligned:
             await self.engine.collective_rpc("parity_attach")
             (self.probe,) = await self.engine.collective_rpc("parity_probe")
