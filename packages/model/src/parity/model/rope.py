@@ -35,26 +35,37 @@ def inverse_frequencies(cfg: ModelConfig) -> torch.Tensor:
 
 
 class RotaryTable:
-    """cos/sin rows by absolute position, grown on demand in fixed-size chunks."""
+    """cos/sin rows by absolute position, grown on demand in fixed-size chunks. Each chunk
+    is computed alone (the same ops on the same sizes, so a row's bits never depend on how
+    far the table has grown) into buffers whose capacity doubles: a 128K-position table costs
+    its own size in copies, not one copy of the whole table per chunk."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         self.inv_freq = inverse_frequencies(cfg)
-        self.cos = torch.empty(0, cfg.dim_per_head)
-        self.sin = torch.empty(0, cfg.dim_per_head)
+        self._cos = torch.empty(0, cfg.dim_per_head)
+        self._sin = torch.empty(0, cfg.dim_per_head)
+        self.rows = 0  # positions computed: the first `rows` of the buffers
 
     def _grow(self, n: int) -> None:
-        while self.cos.shape[0] < n:
-            start = self.cos.shape[0]
+        if n <= self.rows:
+            return
+        need = -(-n // _CHUNK) * _CHUNK
+        if need > self._cos.shape[0]:
+            cap = max(need, 2 * self._cos.shape[0])
+            self._cos = torch.cat([self._cos[: self.rows], self._cos.new_empty(cap - self.rows, self._cos.shape[1])])
+            self._sin = torch.cat([self._sin[: self.rows], self._sin.new_empty(cap - self.rows, self._sin.shape[1])])
+        for start in range(self.rows, need, _CHUNK):
             pos = torch.arange(start, start + _CHUNK, dtype=torch.float32)
             freqs = torch.outer(pos, self.inv_freq)
             emb = torch.cat([freqs, freqs], dim=-1)
-            self.cos = torch.cat([self.cos, emb.cos()])
-            self.sin = torch.cat([self.sin, emb.sin()])
+            self._cos[start : start + _CHUNK] = emb.cos()
+            self._sin[start : start + _CHUNK] = emb.sin()
+        self.rows = need
 
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin of shape [N, 1, D] for `positions` [N]."""
         self._grow(int(positions.max()) + 1)
-        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+        return self._cos[positions].unsqueeze(1), self._sin[positions].unsqueeze(1)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,38 @@
+"""The rotary table: a position's cos/sin rows never depend on how the table grew."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from parity.model.rope import _CHUNK, RotaryTable, inverse_frequencies
+from parity.model.shapes import SHAPES
+
+CFG = SHAPES["tiny"]
+
+
+def chunk_rows(start: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One chunk of the table computed by hand, as every chunk is: cos, sin."""
+    freqs = torch.outer(torch.arange(start, start + _CHUNK, dtype=torch.float32),
+                        inverse_frequencies(CFG))
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos(), emb.sin()
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.integers(1, 3000), min_size=1, max_size=8))
+def test_rows_do_not_depend_on_how_the_table_grew(reach: list[int]) -> None:
+    table = RotaryTable(CFG)
+    for n in reach:  # grown by lookups of positions up to n - 1, in any order
+        table.lookup(torch.tensor([n - 1]))
+    top = max(reach)
+    positions = torch.arange(top)
+    cos, sin = table.lookup(positions)
+    at_once = RotaryTable(CFG)
+    cos1, sin1 = at_once.lookup(positions)
+    assert torch.equal(cos, cos1) and torch.equal(sin, sin1)
+    c, s = chunk_rows(_CHUNK * ((top - 1) // _CHUNK))
+    last = (top - 1) % _CHUNK
+    assert torch.equal(cos[-1, 0], c[last]) and torch.equal(sin[-1, 0], s[last])
+    assert table.rows == -(-top // _CHUNK) * _CHUNK
