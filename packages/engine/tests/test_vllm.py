@@ -261,6 +261,10 @@ def test_bench_times_vllm_on_the_same_requests():
         assert len(v) == 1 and v[0] > 0
         check(f"aligned_over_{name}", "aligned", name)
     check("vllm_aligned_over_vllm", "vllm_aligned", "vllm")
+    r = r["bf16"]  # vLLM on the bf16 weights, beside parity's bf16 runs
+    for name in ("vllm", "vllm_aligned"):
+        check(f"aligned_over_{name}", "aligned", name)
+    check("vllm_aligned_over_vllm", "vllm_aligned", "vllm")
 
 
 @needs_vllm

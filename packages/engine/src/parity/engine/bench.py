@@ -166,8 +166,9 @@ def run_case(case: Case, bandwidth: float, vllm: bool = False, vllm_compiled: bo
     bytes, in fp32; under "bf16" the same for the model held in bf16 (its bound from bf16
     weight bytes) and bf16 ÷ fp32 per mode. With `vllm` (eager, vLLM's own model and parity's
     decoder in it) or `vllm_compiled`, vLLM's tokens/s on the same fp32 weights and requests
-    (parity.engine.vllm.bench), under "vllm_..."; its servers start first and every round
-    runs all of parity's and vLLM's runs in turn."""
+    (parity.engine.vllm.bench), under "vllm_..."; with `vllm`, the same on the bf16 weights
+    under "bf16"; its servers start first and every round runs all of parity's and vLLM's
+    runs in turn."""
     models = _models(case.shape, case.tie_word_embeddings)
     prompts, params = _requests(case, models["float32"].config.vocab_size)
     runs = _parity_runs(models, case.engine_config(), prompts[0],
@@ -179,6 +180,9 @@ def run_case(case: Case, bandwidth: float, vllm: bool = False, vllm_compiled: bo
             _, compiled, aligned = VLLM_RUNS[name]
             runs[name] = servers.enter_context(batch_server(
                 models["float32"], prompts, params, case.warm_prefix, compiled, aligned))
+        for name in vllm_modes(vllm, False):  # and in bf16, on the bf16 model's weights
+            runs[f"bfloat16/{name}"] = servers.enter_context(batch_server(
+                models["bfloat16"], prompts, params, case.warm_prefix, False, VLLM_RUNS[name][2]))
         tps = _rounds(runs, case.repeats)
     for model in models.values():
         model.set_kernels("aligned")
@@ -199,6 +203,14 @@ def run_case(case: Case, bandwidth: float, vllm: bool = False, vllm_compiled: bo
         if dtype != "float32":
             into.update({f"{m}_over_fp32": ratio(tps[f"{dtype}/{m}"], tps[f"float32/{m}"])
                          for m in MODES})
+            for name in vllm_modes(vllm, False):
+                v = tps[f"{dtype}/{name}"]
+                into.update({f"{name}_tokens_per_s": figure(v),
+                             f"aligned_over_{name}": ratio(tps[f"{dtype}/aligned"], v),
+                             f"{name}_fraction_of_limit": round(statistics.median(v) / limit, 3)})
+            if vllm:
+                into["vllm_aligned_over_vllm"] = ratio(tps[f"{dtype}/vllm_aligned"],
+                                                       tps[f"{dtype}/vllm"])
     for name in vllm_modes(vllm, vllm_compiled):
         v = tps[name]
         out.update({f"{name}_tokens_per_s": figure(v),

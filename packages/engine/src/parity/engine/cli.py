@@ -183,6 +183,13 @@ def bench_engine(
                    f"{b['bandwidth_limit_tokens_per_s']:.0f} (aligned "
                    f"{b['aligned_fraction_of_limit']:.0%})  bf16 ÷ fp32: aligned "
                    f"{_ratio(b['aligned_over_fp32'])}, standard {_ratio(b['standard_over_fp32'])}")
+        for name, (label, *_) in VLLM_RUNS.items():
+            if f"{name}_tokens_per_s" in b:
+                typer.echo(f"    bf16  {label:13s} {_figure(b[f'{name}_tokens_per_s'])}  aligned ÷ "
+                           f"{label} {_ratio(b[f'aligned_over_{name}'])}  ({label} "
+                           f"{b[f'{name}_fraction_of_limit']:.0%} of the bound)")
+        if "vllm_aligned_over_vllm" in b:
+            typer.echo(f"    bf16  vLLM+parity ÷ vLLM {_ratio(b['vllm_aligned_over_vllm'])}")
     s = report["bf16_support"]
     typer.echo(f"CPU bf16: AVX512-BF16 {s['avx512_bf16']}, AMX {s['amx_bf16']}, oneDNN bf16 {s['onednn_bf16']}")
     if (vllm or vllm_compiled) and not any(k.startswith("vllm") for r in report["cases"] for k in r):

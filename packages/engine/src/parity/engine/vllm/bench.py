@@ -20,18 +20,19 @@ from parity.engine.kv_cache import KVPool
 from parity.engine.multi_turn import Episodes, MultiTurnCase, observations, run_episodes
 from parity.engine.vllm.backend import VllmBackend, VllmSettings
 from parity.model import Decoder, save_model
+from parity.model.dtypes import dtype_name
 
 
 @contextmanager
 def serving(model: Decoder, longest: int, seqs: int, compiled: bool = False,
             aligned: bool = False) -> Iterator[VllmBackend]:
-    """A vLLM server on `model`'s weights (eager, or with vLLM's torch.compile if `compiled`;
-    parity's decoder in it if `aligned`; on as many cores as torch has threads, prefix caching
-    on), with KV room for `seqs` sequences of `longest` tokens."""
-    kv_bytes = KVPool.bytes_per_token(model.config, torch.float32)
+    """A vLLM server on `model`'s weights, in its dtype (eager, or with vLLM's torch.compile
+    if `compiled`; parity's decoder in it if `aligned`; on as many cores as torch has threads,
+    prefix caching on), with KV room for `seqs` sequences of `longest` tokens."""
+    kv_bytes = KVPool.bytes_per_token(model.config, model.compute_dtype)
     settings = VllmSettings(max_model_len=longest + 1, max_num_seqs=seqs,
                             num_threads=torch.get_num_threads(), enforce_eager=not compiled,
-                            aligned=aligned,
+                            aligned=aligned, dtype=dtype_name(model.compute_dtype),
                             kv_cache_gib=max(1, -(-longest * seqs * kv_bytes // 2**30)))
     with tempfile.TemporaryDirectory(prefix="parity-bench-") as d:
         save_model(model, d)
