@@ -1,7 +1,7 @@
 """`learner.ranks = 2` on Ray: two learner rank actors in one gloo group train the tiny
 job with no mismatch, restart from the checkpoint when a rank dies, profile each rank
-(waiting on collectives as its own state), write one learner's checkpoint, and a single
-learner resumes it."""
+(waiting on collectives as its own state), write a sharded checkpoint, and a single learner
+resumes it."""
 
 from __future__ import annotations
 
@@ -67,8 +67,8 @@ def test_two_ranks_train_without_mismatch_survive_a_dead_rank_and_resume_as_one(
     rep = profile_run(run)
     for track in ("learner", "learner rank 1"):
         assert {FORWARD, COLLECTIVE} <= set(rep["states"][track]["seconds"]), track
-    opt = torch.load(run / "checkpoints" / "step_000002" / "optimizer.pt", weights_only=False)
-    assert sorted(opt["state"]) == list(range(len(list(tiny.TinyLM().parameters()))))
+    shards = run / "checkpoints" / "step_000002" / "optimizer"  # AdamW's, a file per rank
+    assert sorted(f.name for f in shards.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
 
     _train(_cfg(tmp_path, rollout={"workers": 1}, train={"steps": 3, "mismatch_share": 1.0}),
            run, resume=True)

@@ -2,7 +2,9 @@
 
     checkpoints/step_000010/
         model/          HF safetensors dir (config.json + *.safetensors)
-        optimizer.pt    AdamW state
+        optimizer.pt    AdamW state (one learner), or
+        optimizer/      AdamW state as a learner group's ranks hold it, sharded
+                        (torch.distributed.checkpoint: a file per rank and .metadata)
         state.pt        the learner's state: version, RNG states, skipped updates
         driver.pt       the driver's: group cursor, drops, finished groups not yet
                         consumed (the queue), counters (parity.trainer.driver_state)
@@ -10,8 +12,14 @@
 
 A checkpoint is written under a temporary name and renamed into place, then `latest` is
 replaced atomically, so a crash at any moment leaves the previous checkpoint usable. A write
-that fails (a full disk) removes its partial directory and raises CheckpointError saying so;
-partial directories a killed process left behind are removed on resume (`remove_partial`).
+that fails (a full disk, a rank of the group that dies while it writes its shards) removes its
+partial directory and raises CheckpointError saying so; partial directories a killed process
+left behind are removed on resume (`remove_partial`).
+
+A sharded `optimizer/` is keyed by parameter name and resharded as it loads: a group of any
+number of ranks, or one learner, resumes it (`load_optimizer`); a group resumes one
+learner's `optimizer.pt` too. Every rank writes its own file, so ranks on several nodes need
+the run directory on a filesystem they share.
 """
 
 from __future__ import annotations
@@ -20,12 +28,14 @@ import errno
 import io
 import os
 import shutil
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from parity.trainer.driver_state import DriverState
 
@@ -41,11 +51,12 @@ class CheckpointFormatError(CheckpointError):
 
 @dataclass
 class Checkpoint:
-    """A loaded checkpoint: the optimizer's state dict, the learner's state
-    (`Learner.state`: `version`, `skipped_nonfinite`, `rng`) and the driver's."""
+    """A loaded checkpoint: the optimizer's state dict (or the directory of its shards, which
+    each learner loads its part of), the learner's state (`Learner.state`: `version`,
+    `skipped_nonfinite`, `rng`) and the driver's."""
 
     path: Path
-    optimizer: dict[str, Any]
+    optimizer: dict[str, Any] | Path
     learner: dict[str, Any]
     driver: DriverState
 
@@ -54,19 +65,29 @@ class Checkpoint:
         return self.path / "model"
 
 
+def partial_dir(root: Path, step: int) -> Path:
+    """Where checkpoint `step` is written before it is renamed into place."""
+    return root / f".step_{step:06d}.tmp"
+
+
 def save_checkpoint(root: Path, step: int, *, write_model: Callable[[Path], None],
-                    optimizer: dict[str, Any], learner: dict[str, Any], driver: DriverState,
-                    keep: int) -> Path:
-    """Write checkpoint `step` under `root` atomically; keep the newest `keep`."""
+                    optimizer: dict[str, Any] | Callable[[Path], None],
+                    learner: dict[str, Any], driver: DriverState, keep: int) -> Path:
+    """Write checkpoint `step` under `root` atomically; keep the newest `keep`. `optimizer`:
+    a state dict, or what writes the optimizer's files into the directory it is given (a
+    learner group's shards: called first, so the other ranks wait for no more than the
+    directory)."""
     name = f"step_{step:06d}"
     final = root / name
-    tmp = root / f".{name}.tmp"
+    tmp = partial_dir(root, step)
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         tmp.mkdir(parents=True)
+        if callable(optimizer):
+            optimizer(tmp)
         write_model(tmp / "model")
-        for file, obj in (("optimizer.pt", optimizer), ("state.pt", learner),
-                          ("driver.pt", driver)):
+        files = (("state.pt", learner), ("driver.pt", driver))
+        for file, obj in files if callable(optimizer) else (("optimizer.pt", optimizer), *files):
             buf = io.BytesIO()  # serialised first, so a full disk is an OSError, not torch's
             torch.save(obj, buf)
             (tmp / file).write_bytes(buf.getbuffer())
@@ -133,13 +154,44 @@ def load_checkpoint(path: Path) -> Checkpoint:
             f"{path} was written by an earlier version of parity (queue.pt, no driver.pt) and "
             f"cannot be resumed by this one; its model is intact: start a new run from it with "
             f"--set model.path={path / 'model'}")
+    sharded = path / "optimizer"
+    if sharded.is_dir() and not (sharded / ".metadata").is_file():
+        raise CheckpointError(f"{sharded} has no .metadata: its shards were never completed")
     # driver.pt holds Trajectory dataclasses; only load checkpoints you wrote.
     return Checkpoint(
         path=path,
-        optimizer=torch.load(path / "optimizer.pt", weights_only=False),
+        optimizer=sharded if sharded.is_dir() else torch.load(path / "optimizer.pt",
+                                                              weights_only=False),
         learner=torch.load(path / "state.pt", weights_only=False),
         driver=torch.load(path / "driver.pt", weights_only=False),
     )
+
+
+def save_optimizer(model: nn.Module, opt: torch.optim.Optimizer, d: Path) -> None:
+    """`opt`'s state into directory `d` (torch.distributed.checkpoint), keyed by `model`'s
+    parameter names, as this process holds it: in a process group, every rank calls it and
+    writes its shards."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    dcp.save({"optimizer": get_optimizer_state_dict(model, opt)}, checkpoint_id=d)
+
+
+def load_optimizer(model: nn.Module, opt: torch.optim.Optimizer, d: Path) -> None:
+    """`opt`'s state from `save_optimizer`'s directory `d`, written by any number of ranks,
+    in this process's layout (a rank's shards, or whole tensors without a process group)."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        get_optimizer_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    state = get_optimizer_state_dict(model, opt)  # makes AdamW's state, for DCP to fill
+    with warnings.catch_warnings():  # one learner: no process group, which DCP warns of
+        warnings.filterwarnings("ignore", "torch.distributed is disabled")
+        dcp.load({"optimizer": state}, checkpoint_id=d, no_dist=not dist.is_initialized())
+    set_optimizer_state_dict(model, opt, state)
 
 
 def remove_partial(root: Path) -> list[Path]:

@@ -15,6 +15,7 @@ import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -33,6 +34,7 @@ from parity.core.timing import (
 from parity.core.types import Trajectory
 from parity.model.batch import TokenBatch
 from parity.model.batch import collate as collate_trajectories
+from parity.trainer.checkpoint import load_optimizer
 from parity.trainer.config import LossSection, OptimSection, TrainConfig
 from parity.trainer.is_stats import (
     ess_frac,
@@ -120,12 +122,12 @@ class Learner:
         self.cfg = cfg
         self.model = model
         self.logprob_fn = logprob_fn
+        self.timeline = Timeline("learner")
+        self.clock = StateClock(self.timeline, WAITING)  # the learner's exclusive state
         self.opt = self._optimizer()
         self.version = 0
         self.history: dict[int, dict[str, Tensor]] = {0: self.weights()}
         self._shadow: nn.Module | None = None  # loads older versions for the D3 split
-        self.timeline = Timeline("learner")
-        self.clock = StateClock(self.timeline, WAITING)  # the learner's exclusive state
         self.skipped_nonfinite = 0
 
     def _optimizer(self) -> torch.optim.Optimizer:
@@ -208,9 +210,8 @@ class Learner:
             total += float(loss.detach())
         logp_k, gate, total = self._combine(logp_k, gate, total)
         n_kept = float(b.weights[gate & (b.mask.sum(-1) > 0)].sum())  # episodes, in 1/k parts
+        self._reduce_grads()  # first: a sharded learner's full weights and gradients go
         stats = self._is_stats(b, mbs, logp_k, gate)
-
-        self._reduce_grads()
         with clock.during(OPTIMIZER), tl.span("optimizer", "optim"):
             for p in self.model.parameters():
                 if p.grad is not None:
@@ -360,10 +361,19 @@ class Learner:
         return {"version": self.version, "skipped_nonfinite": self.skipped_nonfinite,
                 "rng": {"torch": torch.get_rng_state(), "python": random.getstate()}}
 
-    def load_state(self, state: dict[str, Any], optimizer: dict[str, Any]) -> None:
+    def load_state(self, state: dict[str, Any], optimizer: dict[str, Any] | Path) -> None:
+        """Resume from `state` and AdamW's state: one learner's state dict, or the directory
+        of a learner group's sharded checkpoint (`parity.trainer.checkpoint.load_optimizer`)."""
         self.version = state["version"]
         self.skipped_nonfinite = state["skipped_nonfinite"]
         torch.set_rng_state(state["rng"]["torch"])
         random.setstate(state["rng"]["python"])
-        self.opt.load_state_dict(optimizer)
+        if isinstance(optimizer, Path):
+            load_optimizer(self.model, self.opt, optimizer)
+        else:
+            self._load_optimizer(optimizer)
         self.history = {self.version: self.weights()}
+
+    def _load_optimizer(self, optimizer: dict[str, Any]) -> None:
+        """One learner's AdamW state dict (a sharded learner takes its shards of it)."""
+        self.opt.load_state_dict(optimizer)

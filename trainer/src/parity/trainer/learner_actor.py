@@ -87,15 +87,16 @@ class LearnerActor:
     def checkpoint(self, root: str, step: int, driver: DriverState, keep: int) -> str:
         """Write checkpoint `step` under `root`: this learner's model, optimizer and state,
         and the driver's `driver`; keep the newest `keep`. Returns its path."""
-        def write_model(d: Path) -> None:
-            self.io.save(self.learner.model, d)
-            for f in self.model_dir.iterdir():  # a checkpoint is a complete model dir
-                if f.is_file() and f.name.startswith(TOKENIZER_FILES):
-                    shutil.copy2(f, d / f.name)
-
         with self.learner.clock.during(CHECKPOINTING):
             path = save_checkpoint(
-                Path(root), step, write_model=write_model,
+                Path(root), step, write_model=lambda d: self._write_model(self.learner.model, d),
                 optimizer=self.learner.opt.state_dict(),
                 learner=self.learner.state(), driver=driver, keep=keep)
         return str(path)
+
+    def _write_model(self, model: Any, d: Path) -> None:
+        """`model` into `d` as a complete model dir: its weights and the run's tokenizer."""
+        self.io.save(model, d)
+        for f in self.model_dir.iterdir():
+            if f.is_file() and f.name.startswith(TOKENIZER_FILES):
+                shutil.copy2(f, d / f.name)

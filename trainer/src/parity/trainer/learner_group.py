@@ -5,18 +5,22 @@ NCCL for GPU tensors when each rank has a GPU), each a `ShardedLearner`
 The driver holds the group's TCPStore (every rank can reach it, whichever node it lands
 on); the ranks meet there when they start. `LearnerGroup` is the fleet's learner handle: a
 call runs on every rank, which meet in its collectives, and answers with rank 0's result;
-publishing, node probes and placement ask rank 0 alone, so weights cross to the rollout
-workers once per version, not once per rank.
+node probes and placement ask rank 0 alone. Publishing gathers the weights from every rank's
+shards onto each (FSDP's parameters are sharded) and rank 0 alone puts them in the object
+store, so weights cross to the rollout workers once per version, not once per rank.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from parity.core.timing import Span
+from parity.core.timing import CHECKPOINTING, PUBLISHING, Span
 from parity.core.types import Trajectory
+from parity.trainer.checkpoint import partial_dir, save_checkpoint, save_optimizer
 from parity.trainer.config import TrainConfig
 from parity.trainer.driver_state import DriverState
 from parity.trainer.learner_actor import LearnerActor, ModelIO
@@ -26,7 +30,7 @@ from parity.trainer.sharded_learner import ShardedLearner
 if TYPE_CHECKING:
     from ray.util.placement_group import PlacementGroup
 
-RANK0_ONLY = frozenset({"publish", "node_probe", "placement"})
+RANK0_ONLY = frozenset({"node_probe", "placement"})
 
 
 class LearnerRank(LearnerActor):
@@ -35,6 +39,7 @@ class LearnerRank(LearnerActor):
     train.sync_timeout_s raises (the fleet then restarts the run from its checkpoint)."""
 
     learner_class = ShardedLearner
+    learner: ShardedLearner
 
     def __init__(self, cfg: TrainConfig, io: ModelIO, load_dir: str, model_dir: str,
                  rank: int, store: tuple[str, int]) -> None:
@@ -57,11 +62,37 @@ class LearnerRank(LearnerActor):
     def drain_spans(self) -> list[Span]:
         return self._gathered(super().drain_spans())
 
+    def publish(self) -> tuple[list[Any], int, float]:
+        """Rank 0: as one learner. The others take part in gathering the weights: ([], ...)."""
+        if self.learner.rank == 0:
+            return super().publish()
+        t0 = time.time()
+        with self.learner.clock.during(PUBLISHING):
+            self.learner.current_weights()
+        return [], self.learner.version, time.time() - t0
+
     def checkpoint(self, root: str, step: int, driver: DriverState, keep: int) -> str:
-        """Rank 0 writes one learner's checkpoint (the whole AdamW state, gathered): any N
-        resumes it. The other ranks only send their shards; they return ""."""
-        self.learner.consolidate()
-        return super().checkpoint(root, step, driver, keep) if self.learner.rank == 0 else ""
+        """Every rank writes its shards of AdamW's state into checkpoint `step`'s temporary
+        directory (torch.distributed.checkpoint); rank 0 writes the rest (the model, whole,
+        gathered from the ranks) and renames it into place once every shard is written: a
+        rank that dies meanwhile fails the write, which leaves no checkpoint. Any N, or one
+        learner, resumes it. Returns its path on rank 0, "" on the others."""
+        import torch.distributed as dist
+
+        learner = self.learner
+        with learner.clock.during(CHECKPOINTING), learner.masters() as model:
+
+            def write_optimizer(d: Path) -> None:
+                dist.barrier()  # rank 0 has cleared `d`: every rank may write into it
+                save_optimizer(learner.model, learner.opt, d / "optimizer")
+
+            if learner.rank:
+                write_optimizer(partial_dir(Path(root), step))
+                return ""
+            path = save_checkpoint(Path(root), step, write_model=lambda d: self._write_model(model, d),
+                                   optimizer=write_optimizer, learner=learner.state(),
+                                   driver=driver, keep=keep)
+        return str(path)
 
     def _gathered(self, spans: list[Span]) -> list[Span]:
         """Every rank's `spans` on rank 0 (its own first); [] on the others."""
