@@ -214,14 +214,19 @@ def test_a_start_that_takes_too_long_is_stopped(tmp_path: Path):
 
 
 @needs_vllm
-def test_the_server_stops_when_its_owner_is_killed(tmp_path: Path):
+@pytest.mark.parametrize("paused", [False, True])
+def test_the_server_stops_when_its_owner_is_killed(tmp_path: Path, paused: bool):
+    """Also a server the bench holds stopped (SIGSTOP) between its rounds, whose own watcher
+    of its owner is stopped with it: nothing of it may outlive the owner."""
     saved_tiny(tmp_path / "m")
     owner = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
-        import time
+        import contextlib, time
         from parity.engine.vllm import VllmBackend, VllmSettings
+        from parity.engine.vllm.bench import _paused
         b = VllmBackend({str(tmp_path / "m")!r}, VllmSettings(max_model_len=512))
-        print(b.proc.pid, flush=True)
-        time.sleep(600)
+        with _paused(b) if {paused} else contextlib.nullcontext():
+            print(b.proc.pid, flush=True)
+            time.sleep(600)
     """)], stdout=subprocess.PIPE, text=True)
     try:
         server = int(owner.stdout.readline())
@@ -229,9 +234,22 @@ def test_the_server_stops_when_its_owner_is_killed(tmp_path: Path):
         owner.kill()  # SIGKILL: no cleanup of its own runs
         owner.wait()
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and _alive(server):
+    while time.monotonic() < deadline and _group_alive(server):
         time.sleep(0.5)
-    assert not _alive(server)
+    assert not _group_alive(server)  # the server, vLLM's engine core and its worker
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a process of group `pgid` (the server's: its own session) is still running."""
+    return any(_alive(int(p.name)) for p in Path("/proc").iterdir() if p.name.isdigit()
+               and _pgid(int(p.name)) == pgid)
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[3])
+    except (FileNotFoundError, ProcessLookupError):
+        return None
 
 
 def _alive(pid: int) -> bool:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -57,12 +58,22 @@ def _running(backend: VllmBackend) -> Iterator[None]:
 
 @contextmanager
 def _paused(backend: VllmBackend) -> Iterator[VllmBackend]:
-    """The server stopped from here on, except inside `_running`; continued before it closes."""
-    os.killpg(backend.proc.pid, signal.SIGSTOP)
+    """The server stopped from here on, except inside `_running`; continued before it closes.
+    A stopped server cannot see its owner die (its watcher of the owner is stopped too): a
+    bench killed meanwhile left three stopped 0.5B servers holding 13 GB. So a watchdog
+    outside the server's process group continues it when this process dies, and the server
+    then stops itself as it does for any owner that dies."""
+    group = backend.proc.pid
+    watchdog = subprocess.Popen(
+        ["sh", "-c", f"while kill -0 {os.getpid()} 2>/dev/null; do sleep 1; done; "
+                     f"kill -CONT -{group}"], start_new_session=True)
+    os.killpg(group, signal.SIGSTOP)
     try:
         yield backend
     finally:
-        os.killpg(backend.proc.pid, signal.SIGCONT)
+        os.killpg(group, signal.SIGCONT)
+        watchdog.kill()
+        watchdog.wait()
 
 
 def batch_server(model: Decoder, prompts: Sequence[list[int]], params: Sequence[SamplingParams],
