@@ -104,6 +104,20 @@ def _echo_episodes(label: str, e: dict) -> None:
                f"{e['prefilled_tokens']} prefilled")
 
 
+def _echo_vllm(r: dict, dtype: str) -> None:
+    """A batch case's vLLM runs (those it has, fp32 or, `dtype` "bf16  ", bf16) beside
+    parity's aligned run."""
+    from parity.engine.bench import VLLM_RUNS
+
+    for name, (label, *_) in VLLM_RUNS.items():
+        if f"{name}_tokens_per_s" in r:
+            typer.echo(f"    {dtype}{label:13s} {_figure(r[f'{name}_tokens_per_s'])}  aligned ÷ "
+                       f"{label} {_ratio(r[f'aligned_over_{name}'])}  ({label} "
+                       f"{r[f'{name}_fraction_of_limit']:.0%} of the bound)")
+    if "vllm_aligned_over_vllm" in r:
+        typer.echo(f"    {dtype}vLLM+parity ÷ vLLM {_ratio(r['vllm_aligned_over_vllm'])}")
+
+
 def _echo_multi_turn(r: dict) -> None:
     """The multi-turn case as text: each mode's line, in fp32 (and vLLM), then in bf16."""
     from parity.engine.bench import VLLM_RUNS
@@ -142,7 +156,7 @@ def bench_engine(
     and ~0.5B Qwen2 shapes; per-turn latency of multi-turn episodes on the tiny shape."""
     import torch
 
-    from parity.engine.bench import VLLM_RUNS, run_bench
+    from parity.engine.bench import run_bench
 
     if threads:
         torch.set_num_threads(threads)
@@ -170,26 +184,14 @@ def bench_engine(
                    f"{_figure(r['standard_tokens_per_s'])}  ratio {_ratio(r['ratio'])}  bound "
                    f"{r['bandwidth_limit_tokens_per_s']:.0f} (aligned "
                    f"{r['aligned_fraction_of_limit']:.0%})")
-        for name, (label, *_) in VLLM_RUNS.items():
-            if f"{name}_tokens_per_s" in r:
-                typer.echo(f"    {label:13s} {_figure(r[f'{name}_tokens_per_s'])}  aligned ÷ "
-                           f"{label} {_ratio(r[f'aligned_over_{name}'])}  ({label} "
-                           f"{r[f'{name}_fraction_of_limit']:.0%} of the bound)")
-        if "vllm_aligned_over_vllm" in r:
-            typer.echo(f"    vLLM+parity ÷ vLLM {_ratio(r['vllm_aligned_over_vllm'])}")
+        _echo_vllm(r, "")
         b = r["bf16"]
         typer.echo(f"    bf16  aligned {_figure(b['aligned_tokens_per_s'])}  standard "
                    f"{_figure(b['standard_tokens_per_s'])}  ratio {_ratio(b['ratio'])}  bound "
                    f"{b['bandwidth_limit_tokens_per_s']:.0f} (aligned "
                    f"{b['aligned_fraction_of_limit']:.0%})  bf16 ÷ fp32: aligned "
                    f"{_ratio(b['aligned_over_fp32'])}, standard {_ratio(b['standard_over_fp32'])}")
-        for name, (label, *_) in VLLM_RUNS.items():
-            if f"{name}_tokens_per_s" in b:
-                typer.echo(f"    bf16  {label:13s} {_figure(b[f'{name}_tokens_per_s'])}  aligned ÷ "
-                           f"{label} {_ratio(b[f'aligned_over_{name}'])}  ({label} "
-                           f"{b[f'{name}_fraction_of_limit']:.0%} of the bound)")
-        if "vllm_aligned_over_vllm" in b:
-            typer.echo(f"    bf16  vLLM+parity ÷ vLLM {_ratio(b['vllm_aligned_over_vllm'])}")
+        _echo_vllm(b, "bf16  ")
     s = report["bf16_support"]
     typer.echo(f"CPU bf16: AVX512-BF16 {s['avx512_bf16']}, AMX {s['amx_bf16']}, oneDNN bf16 {s['onednn_bf16']}")
     if (vllm or vllm_compiled) and not any(k.startswith("vllm") for r in report["cases"] for k in r):
