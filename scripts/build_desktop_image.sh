@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Build the desktop sandbox image without a registry: debootstrap a minimal Debian with Xvfb,
-# openbox, xterm, xdotool, x11-utils and python3-tk, then LibreOffice Calc and Writer (with its
-# GTK 3 plugin, for an AT-SPI tree), the PCManFM file manager, the Firefox ESR web browser and
-# AT-SPI (D-Bus, at-spi2-core, the GTK bridge, python3-pyatspi) for their accessibility trees,
-# all without recommended packages (no Java, no help), then
+# openbox, xterm, xdotool, x11-utils and python3-tk, then LibreOffice Calc, Writer and Impress
+# (with its GTK 3 plugin, for an AT-SPI tree), the PCManFM file manager, the Firefox ESR web
+# browser, Mousepad, GIMP, VLC, Thunderbird and Chromium, and AT-SPI (D-Bus, at-spi2-core, the
+# GTK bridge, python3-pyatspi) for their accessibility trees, all without recommended packages
+# (no Java, no help), then
 # `docker import` it. The guest code is not in the image (it is bind-mounted read-only at run
 # time). Reuses the image when it was built by this very script (its hash is the image's
 # label parity.desktop.spec), else rebuilds it; --force rebuilds anyway.
@@ -13,7 +14,7 @@ SPEC="$(sha256sum "$0" | cut -c1-16)"
 MIRROR="$(bash "$(dirname "$0")/debian_mirror.sh")"
 PACKAGES=python3,python3-tk,xvfb,xdotool,x11-utils,openbox,xterm,fonts-dejavu-core
 # Installed with apt in the new root: debootstrap cannot order their maintainer scripts.
-APPS="libreoffice-calc libreoffice-writer libreoffice-gtk3 pcmanfm firefox-esr mousepad dbus-daemon at-spi2-core libatk-adaptor libgail-common python3-pyatspi"
+APPS="libreoffice-calc libreoffice-writer libreoffice-impress libreoffice-gtk3 pcmanfm firefox-esr mousepad gimp vlc thunderbird chromium dbus-daemon at-spi2-core libatk-adaptor libgail-common python3-pyatspi"
 built="$(docker image inspect -f '{{ index .Config.Labels "parity.desktop.spec" }}' "$IMAGE" 2>/dev/null || true)"
 if [[ "${1:-}" != "--force" && "$built" == "$SPEC" ]]; then
   echo "desktop image $IMAGE already present"

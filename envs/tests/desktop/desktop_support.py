@@ -1,4 +1,5 @@
-"""Helpers for the desktop tests: skip markers for missing packages, process lookup in a sandbox."""
+"""Helpers for the desktop tests: skip markers for missing packages, playing a task's solutions,
+process lookup in a sandbox."""
 
 from __future__ import annotations
 
@@ -7,14 +8,21 @@ import shutil
 
 import pytest
 
+from parity.envs.desktop.env import DesktopEnv
+from parity.envs.desktop.solutions import play
+from parity.envs.desktop.tasks import Task
+
 NEEDED = ("bwrap", "Xvfb", "xdotool", "xprop", "xwininfo", "openbox", "xterm")
 MISSING = [p for p in NEEDED if shutil.which(p) is None]
 needs_desktop = pytest.mark.skipif(
     bool(MISSING), reason=f"desktop packages missing: {MISSING} (apt-get install bubblewrap xvfb xdotool "
                           "x11-utils openbox xterm python3-tk)")
 
-APP_BINARIES = {"libreoffice_calc": "soffice", "libreoffice_writer": "soffice", "pcmanfm": "pcmanfm",
-                "firefox": "firefox-esr", "mousepad": "mousepad", "atspi": "/usr/libexec/at-spi2-registryd"}
+APP_BINARIES = {"libreoffice_calc": "soffice", "libreoffice_writer": "soffice",
+                "libreoffice_impress": "/usr/lib/libreoffice/program/simpress", "pcmanfm": "pcmanfm",
+                "firefox": "firefox-esr", "mousepad": "mousepad", "gimp": "gimp", "vlc": "vlc",
+                "thunderbird": "thunderbird", "chromium": "/usr/lib/chromium/chromium",
+                "atspi": "/usr/libexec/at-spi2-registryd"}
 """The real applications' tasks (by related app) and the program each needs (and AT-SPI's registry)."""
 
 
@@ -26,8 +34,25 @@ def needs_apps(apps: list[str]) -> list[pytest.MarkDecorator]:
     if not missing or os.environ.get("PARITY_REQUIRE_DOCKER") == "1":
         return []
     return [pytest.mark.skip(reason=f"{missing} missing (apt-get install --no-install-recommends "
-                                    "libreoffice-calc libreoffice-writer pcmanfm firefox-esr mousepad at-spi2-core "
-                                    "libatk-adaptor python3-pyatspi)")]
+                                    "libreoffice-calc libreoffice-writer libreoffice-impress pcmanfm firefox-esr "
+                                    "mousepad gimp vlc thunderbird chromium at-spi2-core libatk-adaptor "
+                                    "python3-pyatspi)")]
+
+
+def task_param(task: Task) -> object:
+    """A task id as a test parameter, skipped where its applications are missing."""
+    return pytest.param(task.id, marks=needs_apps(task.related_apps))
+
+
+def check_solutions(env: DesktopEnv, task_id: str) -> None:
+    """The task's oracle scores 1 and its wrong solution 0; every step is timed, and only the
+    last one (DONE) evaluates."""
+    oracle, timings = play(env, task_id, "oracle")
+    wrong, _ = play(env, task_id, "wrong")
+    assert (oracle, wrong) == (1.0, 0.0), f"{task_id}: the oracle scored {oracle}, the wrong solution {wrong}"
+    for timing in timings[1:]:
+        assert set(timing) == {"parse_s", "action_s", "settle_s", "screenshot_s", "eval_s", "step_s"}
+    assert timings[-1]["eval_s"] > 0 and timings[-2]["eval_s"] == 0.0
 
 
 def _children() -> dict[int, list[int]]:

@@ -19,7 +19,7 @@ from odf.text import P
 
 from parity.envs.desktop.a11y import approx_tokens, linearize
 from parity.envs.desktop.env import DesktopEnv
-from parity.envs.desktop.guest import browser
+from parity.envs.desktop.guest import browser, programs
 from parity.envs.desktop.guest.office import with_profile, write_profile
 from parity.envs.desktop.metrics import (
     METRICS,
@@ -38,19 +38,33 @@ from parity.envs.desktop.metrics import (
     literal_match,
     normalized_match,
 )
+from parity.envs.desktop.sample import CI_SAMPLE, features, uncovered
 from parity.envs.desktop.tasks import SETUP_TYPES, TaskError, guest_steps, load_task, load_tasks
 
 
 def test_shipped_tasks_cover_every_app_with_oracle_and_wrong_solutions() -> None:
     tasks = load_tasks()
-    assert len(tasks) == 46
+    assert len(tasks) == 68
     apps = Counter(app for t in tasks for app in t.related_apps)
-    assert apps == {"libreoffice_calc": 9, "libreoffice_writer": 8, "pcmanfm": 5, "terminal": 4, "firefox": 5, "mousepad": 4,  # real
+    assert apps == {"libreoffice_calc": 9, "libreoffice_writer": 8, "libreoffice_impress": 4, "pcmanfm": 5,  # real
+                    "terminal": 6, "firefox": 5, "mousepad": 5, "gimp": 5, "vlc": 7, "thunderbird": 2, "chromium": 4,
                     "textedit": 4, "files": 3, "settings": 3, "sheet": 2}  # the repo's Tk apps
     for t in tasks:
         assert t.solutions["oracle"] and t.solutions["wrong"], t.id
         assert t.solutions["oracle"] != t.solutions["wrong"], t.id
         assert {s["type"] for s in t.config} <= SETUP_TYPES
+
+
+def test_the_ci_sample_uses_every_app_getter_and_metric_of_the_shipped_tasks() -> None:
+    tasks = load_tasks()
+    assert set(CI_SAMPLE) <= {t.id for t in tasks} and len(set(CI_SAMPLE)) == len(CI_SAMPLE) == 26
+    assert uncovered(tasks) == {}, "add a task that uses each of these to sample.CI_SAMPLE"
+    without = tuple(t for t in CI_SAMPLE if t != "chromium-bookmark-page")
+    assert uncovered(tasks, without) == {("getter", "bookmarks"): ["chromium-bookmark-page"],
+                                         ("metric", "is_expected_bookmarks"): ["chromium-bookmark-page"]}
+    assert features(next(t for t in tasks if t.id == "browser-open-address")) == {
+        ("app", "firefox"), ("getter", "active_url_from_accessTree"), ("getter", "browser_history"),
+        ("getter", "rule"), ("metric", "is_expected_active_tab"), ("metric", "check_include_exclude")}
 
 
 def _write(tmp_path: Path, doc: object) -> Path:
@@ -196,6 +210,26 @@ def test_browser_profile_reaches_no_network_and_starts_the_same(tmp_path: Path) 
         "network.proxy.ssl": "127.0.0.1", "network.proxy.ssl_port": 9, "network.proxy.socks": "127.0.0.1",
         "network.proxy.socks_port": 9, "network.proxy.no_proxies_on": "", "network.proxy.allow_hijacking_localhost": True}
     assert prefs["network.dns.disabled"] is True and prefs["browser.download.dir"] == "/home/user/Downloads"
+
+
+def test_chromium_thunderbird_gimp_and_vlc_start_without_dialogs_or_network(tmp_path: Path) -> None:
+    home = str(tmp_path)
+    chromium = programs.command(["chromium", "--remote-debugging-port=1337", "file:///home/user/a.html"], home)
+    assert chromium[0] == "/usr/lib/chromium/chromium" and chromium[-2:] == ["--remote-debugging-port=1337",
+                                                                             "file:///home/user/a.html"]
+    assert {"--no-sandbox", "--test-type", "--no-first-run", "--proxy-server=127.0.0.1:9",
+            "--proxy-bypass-list=<-loopback>"} <= set(chromium)
+    profile = f"{home}/.thunderbird/parity.default"
+    assert programs.command(["thunderbird"], home) == ["thunderbird", "--no-remote", "--profile", profile]
+    prefs = (tmp_path / ".thunderbird" / "parity.default" / "user.js").read_text()
+    assert 'user_pref("mail.server.server1.type", "none");' in prefs  # Local Folders: no account wizard
+    assert 'user_pref("network.dns.disabled", true);' in prefs
+    (tmp_path / ".config" / "vlc").mkdir(parents=True)
+    (tmp_path / ".config" / "vlc" / "vlcrc").write_text("[qt]\nqt-minimal-view=1\n")  # a task's own settings stay
+    assert programs.command(["vlc", "a.mp4"], home) == ["vlc", "a.mp4"]
+    assert (tmp_path / ".config" / "vlc" / "vlcrc").read_text() == "[qt]\nqt-minimal-view=1\n"
+    assert programs.command(["gimp", "a.png"], home) == ["gimp", "--no-splash", "a.png"]
+    assert programs.command(["xterm"], home) == ["xterm"]
 
 
 def test_browser_places_are_read_from_a_copy_with_its_log(tmp_path: Path) -> None:

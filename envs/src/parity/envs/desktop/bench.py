@@ -4,7 +4,9 @@ settle-until-stable against OSWorld's fixed sleep, and how many desktops share 2
 the light Tk apps, with LibreOffice, and with the real GTK apps (Mousepad and Firefox).
 
 Every episode plays a task's scripted oracle solution through the env's real step(), so a
-"step" here is exactly what an agent's step costs minus the model.
+"step" here is exactly what an agent's step costs minus the model; then every task's wrong
+solution is played too, and those that scored above 0 are named (with the oracles below 1,
+this is every task's check on a backend: CI plays only `sample.CI_SAMPLE`).
 """
 
 from __future__ import annotations
@@ -58,8 +60,8 @@ Episode = tuple[str, float, list[dict]]
 """(task id, reward, env.last_timing after the reset and after each step)."""
 
 
-def _episodes(env: DesktopEnv, task_ids: list[str], errors: list[str]) -> list[Episode]:
-    """Play each task's oracle.
+def _episodes(env: DesktopEnv, task_ids: list[str], errors: list[str], which: str = "oracle") -> list[Episode]:
+    """Play each task's oracle (or `which` solution).
 
     An episode that raises (e.g. an app too slow to open under load) scores 0, has no
     timings, and its message is appended to `errors`.
@@ -67,7 +69,7 @@ def _episodes(env: DesktopEnv, task_ids: list[str], errors: list[str]) -> list[E
     played: list[Episode] = []
     for task_id in task_ids:
         try:
-            reward, timings = play(env, task_id, "oracle")
+            reward, timings = play(env, task_id, which)
         except Exception as e:  # measured, not fatal: the report counts it
             errors.append(f"{task_id}: {e}")
             played.append((task_id, 0.0, []))
@@ -153,6 +155,7 @@ def run_benchmark(backend: str = "local", levels: tuple[int, ...] = (1, 2, 4, 8,
         env.reset(options={"task_id": tasks[0]})
         cold_start_s = time.monotonic() - start
         played = _episodes(env, tasks, errors)
+        wrong = _episodes(env, tasks, errors, "wrong")
     finally:
         env.close()
     settle = _summary(played)
@@ -172,6 +175,7 @@ def run_benchmark(backend: str = "local", levels: tuple[int, ...] = (1, 2, 4, 8,
     return {
         "backend": backend, "cpus": os.cpu_count(), "screen": "1024x768", "obs_mode": "screenshot_a11y_tree",
         "cold_start_s": cold_start_s, "settle": settle, "by_app": _by_app(played, app_of),
+        "wrong": {"episodes": len(wrong), "scored_above_zero": sorted(t for t, reward, _ in wrong if reward > 0.0)},
         "fixed_sleep": {"sleep_s": OSWORLD_SLEEP_S, "tasks": sample, **fixed,
                         "step_p50_ratio_vs_settle": fixed["step_p50_s"] / settle["step_p50_s"]},
         "concurrency": concurrency, "office_concurrency": office_concurrency,

@@ -12,7 +12,7 @@ def bench_desktop(
     backend: str = typer.Option("local", help="local (bubblewrap) or docker"),
 ) -> None:
     """Desktop step latency p50/p99 and its breakdown, reset time, settle vs fixed sleep, and
-    how many desktops run at once on this machine."""
+    how many desktops run at once on this machine; every task's oracle and wrong solution."""
     from parity.envs.desktop.bench import run_benchmark
 
     r = run_benchmark(backend)
@@ -33,6 +33,9 @@ def report(r: dict) -> str:
     lines.append(f"desktop ({r['backend']}, {r['cpus']} CPUs, {r['screen']}, {r['obs_mode']}): "
                  f"{s['episodes']} oracle episodes, {s['steps']} steps, success {s['success_rate']:.2f}"
                  + _failed(s))
+    w = r["wrong"]
+    lines.append(f"  {w['episodes']} wrong-solution episodes" + (
+        f", scored above 0: {', '.join(w['scored_above_zero'])}" if w["scored_above_zero"] else ", all scored 0"))
     lines.append(f"  step p50 {s['step_p50_s'] * 1e3:.0f} ms, p99 {s['step_p99_s'] * 1e3:.0f} ms; "
                  f"reset p50 {s['reset_p50_s'] * 1e3:.0f} ms, p99 {s['reset_p99_s'] * 1e3:.0f} ms; "
                  f"cold start {r['cold_start_s']:.2f} s")

@@ -48,10 +48,12 @@ TREE_SETTLE_S, TREE_POLL_S = 5.0, 0.2
 """At reset the tree is read until two reads `TREE_POLL_S` apart agree, for at most
 `TREE_SETTLE_S`: Firefox builds a page's accessible objects only when first asked, after its
 screen has gone still, and a reset must return the same observation for the same task."""
-TREE_APPS = frozenset({"libreoffice_calc", "libreoffice_writer", "pcmanfm", "firefox", "mousepad"})
+TREE_APPS = frozenset({"libreoffice_calc", "libreoffice_writer", "pcmanfm", "firefox", "mousepad", "gimp", "vlc",
+                       "thunderbird", "chromium"})
 """Real apps that export their widgets through AT-SPI: a reset whose task's first app is one of
 them and whose tree has no AT-SPI row has lost the desktop's tree (the registry died or forgot
-its apps), and the desktop is replaced."""
+its apps), and the desktop is replaced. Not Impress: its first window is drawn before its tree
+is filled in."""
 
 
 class DesktopEnv(gym.Env):

@@ -21,9 +21,10 @@ GUEST_DIR = Path(__file__).parent / "guest"
 IMAGE = "parity-desktop:latest"
 HOME = "/home/user"
 _SOCKET = "control.sock"
-# /var/cache/fontconfig: without it every app start rescans the fonts
+# /var/cache/fontconfig: without it every app start rescans the fonts; /etc/gimp: the files
+# GIMP copies into a new user's folder at its first start (without them it refuses to start)
 _HOST_SYSTEM = ("/etc/fonts", "/etc/X11", "/etc/xdg", "/etc/localtime", "/var/cache/fontconfig",
-                "/etc/libreoffice")
+                "/etc/libreoffice", "/etc/gimp")
 
 
 class DesktopStartError(RuntimeError):

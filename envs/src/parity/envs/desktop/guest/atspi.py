@@ -71,12 +71,36 @@ class Accessibility:
             self.procs.pop().kill()
             raise
         self.procs.append(subprocess.Popen([LAUNCHER, "--launch-immediately"], **out))
+        try:  # before the registry asks for the bus (see _owns_bus)
+            _wait(self._owns_bus, 30, "the AT-SPI bus launcher")
+        except RuntimeError:
+            for proc in self.procs:
+                proc.kill()
+            raise
         self.procs.append(subprocess.Popen([REGISTRY, "--use-gnome-session=false"], **out))
         os.environ.update(self.env())  # this process reads the trees over the same buses
         import pyatspi
 
         pyatspi.Atspi.set_timeout(CALL_TIMEOUT_MS, 5000)
         return self.procs
+
+    def _owns_bus(self) -> bool:
+        """Whether the bus launcher owns org.a11y.Bus on the session bus yet. A registry that
+        asks for the AT-SPI bus before that has D-Bus start a second launcher, and whichever
+        loses the name exits (code 0): under load, 4 of 30 starts here lost ours, which the
+        desktop then took for a dead accessibility daemon; waiting first, 0 of 30."""
+        from gi.repository import Gio, GLib
+
+        conn = Gio.DBusConnection.new_for_address_sync(
+            f"unix:path={self.bus}", Gio.DBusConnectionFlags.AUTHENTICATION_CLIENT
+            | Gio.DBusConnectionFlags.MESSAGE_BUS_CONNECTION, None, None)
+        try:
+            reply = conn.call_sync("org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus",
+                                   "NameHasOwner", GLib.Variant("(s)", ("org.a11y.Bus",)),
+                                   GLib.VariantType("(b)"), Gio.DBusCallFlags.NONE, 1000, None)
+            return bool(reply.unpack()[0])
+        finally:
+            conn.close_sync(None)
 
     def rows(self, title: str) -> list[dict] | None:
         """The showing widgets of the app window titled `title` (None if no app exports one).

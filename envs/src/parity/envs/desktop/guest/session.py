@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-from . import atspi, browser, office
+from . import atspi, browser, office, programs
 from .processes import become_subreaper, descendants, descendants_of, remove_path, zombie_children
 from .screen import Framebuffer
 
@@ -43,7 +43,8 @@ OFFICE_DRAWN_S = 5.0
 
 _OPENERS = {".csv": "calc", ".xlsx": "calc", ".xls": "calc", ".ods": "calc", ".docx": "writer", ".doc": "writer",
             ".odt": "writer", ".rtf": "writer", ".pptx": "impress", ".odp": "impress", ".html": "browser",
-            ".htm": "browser"}
+            ".htm": "browser", ".png": "gimp", ".jpg": "gimp", ".jpeg": "gimp", ".xcf": "gimp", ".mp3": "vlc",
+            ".mp4": "vlc", ".ogg": "vlc", ".wav": "vlc", ".webm": "vlc"}
 
 
 class SessionError(RuntimeError):
@@ -222,8 +223,10 @@ class Session:
         """
         if not command or not all(isinstance(c, str) for c in command):
             raise SessionError(f"launch: command must be a non-empty list of strings, got {command!r}")
-        argv = [*self.apps[command[0]], *command[1:]] if command[0] in self.apps else browser.with_profile(
-            office.with_profile(command, self.office_profile), self.browser_profile)
+        argv = [*self.apps[command[0]], *command[1:]] if command[0] in self.apps else programs.command(
+            browser.with_profile(office.with_profile(command, self.office_profile), self.browser_profile), self.home)
+        if os.path.basename(command[0]) in programs.SLOW_STARTS:
+            window_timeout = max(window_timeout, programs.SLOW_START_S)
         for _ in range(attempts):
             before = set(self.windows())
             try:
@@ -258,7 +261,8 @@ class Session:
 
     def open(self, path: str) -> int:
         """Open a file or folder in its app: folders in files, spreadsheets in calc, documents in
-        writer, presentations in impress, web pages in the browser, the rest in textedit."""
+        writer, presentations in impress, web pages in the browser, images in GIMP, audio and
+        video in VLC, the rest in textedit."""
         full = self.path(path)
         app = "files" if os.path.isdir(full) else _OPENERS.get(os.path.splitext(full)[1], "textedit")
         return self.launch([app, full])
