@@ -265,7 +265,7 @@ def test_bench_times_vllm_on_the_same_requests():
     from parity.engine.bench import Case, run_case
 
     r = run_case(Case("tiny 4 x 8 new", "tiny", batch=4, prompt_len=16, new_tokens=8, repeats=1),
-                 bandwidth=1e10, vllm=True)
+                 bandwidth=1e10, vllm=True, vllm_bf16=True)
 
     def check(ratio: str, num: str, den: str) -> None:
         # the ratio is of the unrounded figures, the figures are rounded to 0.1 tokens/s and the

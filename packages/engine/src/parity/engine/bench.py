@@ -159,16 +159,18 @@ def _tokens_per_s(model: Decoder, case: Case, prompts: list[list[int]], params: 
     return sum(len(o.token_ids) for o in outs) / elapsed
 
 
-def run_case(case: Case, bandwidth: float, vllm: bool = False, vllm_compiled: bool = False) -> dict:
+def run_case(case: Case, bandwidth: float, vllm: bool = False, vllm_compiled: bool = False,
+             vllm_bf16: bool = False) -> dict:
     """tokens/s per kernel mode (the median of `case.repeats` rounds, with each round and their
     spread), aligned ÷ standard round by round (`ratio`: None when its rounds disagree by more
     than UNSTEADY), and each mode's fraction of the bound batch x `bandwidth` (bytes/s) ÷ weight
     bytes, in fp32; under "bf16" the same for the model held in bf16 (its bound from bf16
     weight bytes) and bf16 ÷ fp32 per mode. With `vllm` (eager, vLLM's own model and parity's
     decoder in it) or `vllm_compiled`, vLLM's tokens/s on the same fp32 weights and requests
-    (parity.engine.vllm.bench), under "vllm_..."; with `vllm`, the same on the bf16 weights
-    under "bf16"; its servers start first and every round runs all of parity's and vLLM's
-    runs in turn."""
+    (parity.engine.vllm.bench), under "vllm_..."; with `vllm_bf16` too, the same two on the
+    bf16 weights under "bf16" (two more servers: on the 0.5B shape the four did not fit in
+    24 GB beside parity's models); its servers start first and every round runs all of
+    parity's and vLLM's runs in turn."""
     models = _models(case.shape, case.tie_word_embeddings)
     prompts, params = _requests(case, models["float32"].config.vocab_size)
     runs = _parity_runs(models, case.engine_config(), prompts[0],
@@ -180,7 +182,7 @@ def run_case(case: Case, bandwidth: float, vllm: bool = False, vllm_compiled: bo
             _, compiled, aligned = VLLM_RUNS[name]
             runs[name] = servers.enter_context(batch_server(
                 models["float32"], prompts, params, case.warm_prefix, compiled, aligned))
-        for name in vllm_modes(vllm, False):  # and in bf16, on the bf16 model's weights
+        for name in vllm_modes(vllm and vllm_bf16, False):  # on the bf16 model's weights
             runs[f"bfloat16/{name}"] = servers.enter_context(batch_server(
                 models["bfloat16"], prompts, params, case.warm_prefix, False, VLLM_RUNS[name][2]))
         tps = _rounds(runs, case.repeats)
@@ -203,12 +205,12 @@ def run_case(case: Case, bandwidth: float, vllm: bool = False, vllm_compiled: bo
         if dtype != "float32":
             into.update({f"{m}_over_fp32": ratio(tps[f"{dtype}/{m}"], tps[f"float32/{m}"])
                          for m in MODES})
-            for name in vllm_modes(vllm, False):
+            for name in vllm_modes(vllm and vllm_bf16, False):
                 v = tps[f"{dtype}/{name}"]
                 into.update({f"{name}_tokens_per_s": figure(v),
                              f"aligned_over_{name}": ratio(tps[f"{dtype}/aligned"], v),
                              f"{name}_fraction_of_limit": round(statistics.median(v) / limit, 3)})
-            if vllm:
+            if vllm and vllm_bf16:
                 into["vllm_aligned_over_vllm"] = ratio(tps[f"{dtype}/vllm_aligned"],
                                                        tps[f"{dtype}/vllm"])
     for name in vllm_modes(vllm, vllm_compiled):
@@ -282,7 +284,8 @@ def run_multi_turn_case(case: MultiTurnCase, vllm: bool = False, vllm_compiled: 
     return out
 
 
-def run_bench(names: list[str] | None = None, vllm: bool = False, vllm_compiled: bool = False) -> dict:
+def run_bench(names: list[str] | None = None, vllm: bool = False, vllm_compiled: bool = False,
+              vllm_bf16: bool = False) -> dict:
     """Every default case (or those of CASES and ON_REQUEST whose name contains one of
     `names`); with `vllm` (eager) and/or `vllm_compiled`, vLLM's side too, when its
     environment is built ("vllm" says its version, or why it is missing)."""
@@ -301,4 +304,4 @@ def run_bench(names: list[str] | None = None, vllm: bool = False, vllm_compiled:
     return {"threads": torch.get_num_threads(), "machine": machine(), "bf16_support": bf16_support(),
             "copy_bandwidth_gb_s": round(bandwidth / 1e9, 2), "vllm": vllm_info,
             "cases": [run_multi_turn_case(c, vllm, vllm_compiled) if isinstance(c, MultiTurnCase)
-                      else run_case(c, bandwidth, vllm, vllm_compiled) for c in cases]}
+                      else run_case(c, bandwidth, vllm, vllm_compiled, vllm_bf16) for c in cases]}

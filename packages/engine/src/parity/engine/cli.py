@@ -151,6 +151,9 @@ def bench_engine(
                               "(vllm-aligned); its environment: scripts/build_vllm_env.sh."),
     vllm_compiled: bool = typer.Option(False, "--vllm-compiled", help="Also time vLLM with its "
                                        "torch.compile (about a minute of start-up per case)."),
+    vllm_bf16: bool = typer.Option(False, "--vllm-bf16", help="With --vllm, also time both on "
+                                   "the bf16 weights: two more servers (the 0.5B case then "
+                                   "needs more than 24 GB)."),
 ) -> None:
     """Generation tokens/s, aligned vs standard kernels (and vLLM with --vllm), on the tiny
     and ~0.5B Qwen2 shapes; per-turn latency of multi-turn episodes on the tiny shape."""
@@ -168,7 +171,8 @@ def bench_engine(
         typer.echo(f"error: --case {unknown[0]!r} matches no case; the cases: "
                    f"{', '.join(names)}", err=True)
         raise typer.Exit(2)
-    report = run_bench(case or None, vllm=vllm, vllm_compiled=vllm_compiled)
+    report = run_bench(case or None, vllm=vllm, vllm_compiled=vllm_compiled,
+                       vllm_bf16=vllm_bf16)
     if json_:
         typer.echo(json.dumps(report, indent=2))
         return
