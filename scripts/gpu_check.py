@@ -394,7 +394,7 @@ def _build(cfg, state, kernels, dtype, device, master: bool, max_len: int):
     m.kernels = kernels
     # the RoPE table is built on CPU in fixed chunks and read by index: on the device, a copy
     m.rope.lookup(torch.arange(max_len))
-    m.rope.cos, m.rope.sin = m.rope.cos.to(device), m.rope.sin.to(device)
+    m.rope.to(device)
     return m
 
 

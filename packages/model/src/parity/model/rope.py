@@ -62,6 +62,11 @@ class RotaryTable:
             self._sin[start : start + _CHUNK] = emb.sin()
         self.rows = need
 
+    def to(self, device: torch.device | str) -> None:
+        """The rows computed so far moved to `device` (where `lookup`'s positions live); rows
+        grown later are still computed on the CPU, then copied in."""
+        self._cos, self._sin = self._cos.to(device), self._sin.to(device)
+
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin of shape [N, 1, D] for `positions` [N]."""
         self._grow(int(positions.max()) + 1)
