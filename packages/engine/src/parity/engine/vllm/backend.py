@@ -153,8 +153,7 @@ class VllmBackend:
 
     def _wait_ready(self) -> dict[str, Any]:
         deadline = time.monotonic() + self.settings.start_timeout_s
-        transport = httpx.HTTPTransport(uds=str(self.socket))
-        with httpx.Client(transport=transport, base_url="http://vllm", timeout=10) as client:
+        with self._sync_client() as client:
             while time.monotonic() < deadline:
                 if self.proc.poll() is not None:
                     raise self._died()
@@ -172,9 +171,13 @@ class VllmBackend:
     def preemptions(self) -> int:
         """Sequences vLLM preempted (their KV freed, recomputed later) since it started: its
         `vllm:num_preemptions_total`, from /health."""
-        transport = httpx.HTTPTransport(uds=str(self.socket))
-        with httpx.Client(transport=transport, base_url="http://vllm", timeout=10) as client:
+        with self._sync_client() as client:
             return int(client.get("/health").raise_for_status().json()["preemptions"])
+
+    def _sync_client(self) -> httpx.Client:
+        """A blocking client of the server's socket, for calls outside an event loop."""
+        return httpx.Client(transport=httpx.HTTPTransport(uds=str(self.socket)),
+                            base_url="http://vllm", timeout=10)
 
     def close(self) -> None:
         """Stop the server (and its engine processes); idempotent."""
