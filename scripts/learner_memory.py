@@ -9,7 +9,8 @@ cut of the Qwen2-0.5B shape to --layers layers (2: 166M parameters, 136M of them
 embedding), fp32, aligned kernels, random weights; the learner is the default config's. The
 batch: --seqs sequences of --tokens random tokens in groups of 2, rewards 0 and 1, whose μ
 is the model's own logprobs (a forward before the update, as an aligned rollout's). Prints
-each rank's peak RSS (ru_maxrss) in GiB after one update that AdamW applied.
+each rank's peak RSS (ru_maxrss) in GiB after each of --updates updates that AdamW applied:
+the first has no moments yet in its forwards and backwards, later ones hold them throughout.
 """
 
 from __future__ import annotations
@@ -54,11 +55,12 @@ def _rank(rank: int, args: argparse.Namespace, store: str) -> None:
         return [trajs[i:i + 2] for i in range(0, len(trajs), 2)]
 
     b = collate(groups(torch.zeros(args.seqs, args.tokens)))
-    metrics = learner.train_step(groups(learner._forward_all(b, learner._micro_batches(b), "μ")))
-    assert learner.opt.state and metrics["count/skipped_nonfinite"] == 0  # AdamW stepped
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
-    print(f"ranks={args.ranks} rank={rank} params={params / 1e6:.0f}M "
-          f"peak RSS {peak:.2f} GiB", flush=True)
+    for update in range(1, args.updates + 1):
+        metrics = learner.train_step(groups(learner._forward_all(b, learner._micro_batches(b), "μ")))
+        assert learner.opt.state and metrics["count/skipped_nonfinite"] == 0  # AdamW stepped
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
+        print(f"ranks={args.ranks} rank={rank} params={params / 1e6:.0f}M "
+              f"peak RSS after update {update}: {peak:.2f} GiB", flush=True)
     if args.ranks > 1:
         dist.destroy_process_group()
 
@@ -69,6 +71,8 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--seqs", type=int, default=8)
     p.add_argument("--tokens", type=int, default=128)
+    p.add_argument("--updates", type=int, default=2,
+                   help="from the second on, AdamW's moments are held through the step")
     args = p.parse_args()
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     with tempfile.TemporaryDirectory() as d:

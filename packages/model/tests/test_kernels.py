@@ -16,9 +16,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from parity.model import gemm
 from parity.model.attention import tree_sum
 from parity.model.blas import cnr_mode
-from parity.model.devices import ALIGNED
+from parity.model.devices import ALIGNED, forget_prepared
 from parity.model.kernels import STANDARD
 from parity.model.layout import KV_TILE, SeqLayout
 
@@ -80,6 +81,20 @@ def test_stacked_linears_follow_in_place_weight_changes(nq, nk, k):
     got = ALIGNED.linears(x, [(wq, bq), (wk, bk)])
     want = ALIGNED.linears(x, [(wq.clone(), bq), (wk.clone(), bk)])
     assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+def test_forgotten_prepared_weights_are_dropped_and_made_again_alike():
+    """`forget_prepared` (a sharded learner resharding) drops the stacked weight prepared
+    from these weights; the next call makes it again, with the same bits."""
+    g = torch.Generator().manual_seed(0)
+    wq, wk = torch.randn(64, 96, generator=g), torch.randn(16, 96, generator=g)
+    x = torch.randn(8, 96, generator=g)
+    before = ALIGNED.linears(x, [(wq, None), (wk, None)])
+    assert wq in gemm._PREPARED
+    forget_prepared([wq, wk])
+    assert wq not in gemm._PREPARED
+    after = ALIGNED.linears(x, [(wq, None), (wk, None)])
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
 
 
 @pytest.mark.parametrize(("nq", "nk", "k"), STACKS, ids=["small", "large"])

@@ -149,10 +149,10 @@ def audit(
 
     Exit 0 when the mode shows what it must: aligned, every model bit-identical on a
     conclusive audit (enough uncertain tokens) and, with --ray-address, every node agreeing;
-    standard, differences in every model; --engine vllm-aligned, bit-identical in the 8
-    scenarios vLLM servers can run (chunked prefill on a server of its own); --engine vllm, a
-    conclusive measurement of them. Exit 1
-    otherwise, 2 on bad input."""
+    standard, differences in every model; --engine vllm-aligned, bit-identical in the 9
+    scenarios vLLM servers can run (chunked prefill and preemption on a server of their own,
+    a small KV pool); --engine vllm, a conclusive measurement of them. Exit 1 otherwise, 2 on
+    bad input."""
     from parity.engine.audit_report import audit_models
     from parity.engine.cli import audit_targets, render_audit
     from parity.engine.vllm import VllmEnvError, VllmError

@@ -50,6 +50,7 @@ from torch.distributed.tensor import DTensor
 
 from parity.core.timing import COLLECTIVE
 from parity.core.types import Trajectory
+from parity.model.devices import forget_prepared
 from parity.trainer.learner import Batch, Learner, LearnerSettings, LogprobFn, micro_batches
 
 
@@ -110,7 +111,10 @@ class ShardedLearner(Learner):
         return True
 
     def _release(self) -> None:
-        """Back to this rank's shards (the full weights' storage is freed)."""
+        """Back to this rank's shards: the full weights' storage is freed, and so are the
+        aligned GEMMs' prepared copies of them, which the next gather's version bump would
+        make stale anyway (they held a full copy of the weights between steps)."""
+        forget_prepared(self.model.parameters())
         self.model.reshard()
         self._unsharded = False
 

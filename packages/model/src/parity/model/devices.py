@@ -9,12 +9,13 @@ only when a CUDA tensor or device first shows up. The proof is the CPU one
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterable
 from typing import TypeVar
 
 import torch
 
-from parity.model import blas
+from parity.model import blas, gemm
 from parity.model.config import ModelConfig
 from parity.model.kernels import ALIGNED_CPU, STANDARD, AlignmentError, KernelMode, Kernels
 from parity.model.selfcheck import Verdict, refusal, verify
@@ -71,3 +72,13 @@ def require_alignment(cfg: ModelConfig, device: torch.device | str | None = None
     if not verdict.ok:
         raise AlignmentError(refusal(verdict))
     return verdict
+
+
+def forget_prepared(weights: Iterable[torch.Tensor]) -> None:
+    """Drop the aligned GEMMs' prepared copies of `weights`, on either kernel set (the GPU
+    set's only if it was imported: it holds none otherwise)."""
+    weights = list(weights)
+    gemm.forget(weights)
+    gpu = sys.modules.get("parity.model.gpu.gemm")
+    if gpu is not None:
+        gpu.forget(weights)

@@ -33,7 +33,7 @@ fingerprints, which cover the path.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -137,6 +137,14 @@ def _prepared(ws: Sequence[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
         hit = key, w
         _PREPARED[ws[0]] = hit
     return hit[1]
+
+
+def forget(weights: Iterable[torch.Tensor]) -> None:
+    """Drop the prepared copies made from `weights` (a sharded learner's gathered weights,
+    whose storage it frees and refills with new versions: their prepared copies would only
+    hold memory until the next gather replaced them)."""
+    for w in weights:
+        _PREPARED.pop(w, None)
 
 
 def _stacked_bias(ws: Sequence[torch.Tensor], bs: Sequence[torch.Tensor | None], dtype: torch.dtype

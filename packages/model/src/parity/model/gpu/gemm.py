@@ -17,7 +17,7 @@ backward is ordinary torch matmuls: only the forward's bits are promised.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 import triton
@@ -82,6 +82,12 @@ def gemm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None,
 # first weight of a stack -> (dtype, identity, version and storage of each weight and bias;
 # the prepared stacked weight and bias)
 _PREPARED: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+def forget(weights: Iterable[torch.Tensor]) -> None:
+    """Drop the prepared copies made from `weights` (`parity.model.gemm.forget`)."""
+    for w in weights:
+        _PREPARED.pop(w, None)
 
 
 def prepared(parts: Sequence[Part], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
