@@ -25,7 +25,7 @@ CI_SAMPLE = (
     "files-delete",
     "settings-dark-mode", "settings-user-name",
     "sheet-sum-formula",
-    "gimp-flip-horizontal", "gimp-scale-image", "gimp-invert-colors",
+    "gimp-flip-horizontal", "gimp-scale-image", "gimp-invert-colors", "gimp-export-jpeg",
     "vlc-minimal-view", "vlc-one-instance-off", "vlc-recordings-folder", "vlc-dark-palette",
     "thunderbird-filter-mark-read",
     "chromium-follow-link", "chromium-bookmark-page",
