@@ -32,7 +32,9 @@ W, H = 1024, 768
     ("import pyautogui\npyautogui.doubleClick(x=7, y=8)", [{"op": "click", "x": 7, "y": 8, "button": 1, "clicks": 2}]),
     ("pyautogui.typewrite('ab', interval=0.1)", [{"op": "type", "text": "ab"}]),
     ("pyautogui.typewrite(['a', 'enter'])", [{"op": "key", "keys": ["a"]}, {"op": "key", "keys": ["Return"]}]),
-    ("pyautogui.press('tab', presses=2)", [{"op": "key", "keys": ["Tab"]}, {"op": "key", "keys": ["Tab"]}]),
+    ("pyautogui.press('tab', presses=2)", [{"op": "key", "keys": ["Tab"], "repeat": 2}]),
+    ("pyautogui.press(['a', 'b'], presses=2)", [{"op": "key", "keys": ["a"]}, {"op": "key", "keys": ["b"]},
+                                                {"op": "key", "keys": ["a"]}, {"op": "key", "keys": ["b"]}]),
     ("pyautogui.hotkey('ctrl', 'S')", [{"op": "key", "keys": ["ctrl", "S"]}]),
     ("pyautogui.scroll(5)", [{"op": "scroll", "direction": "up", "amount": 5}]),
     ("pyautogui.hscroll(-1, x=1, y=1)", [{"op": "scroll", "x": 1, "y": 1, "direction": "left", "amount": 1}]),
@@ -97,6 +99,7 @@ def test_every_key_name_maps_to_a_keysym_the_guest_accepts() -> None:
     ({"op": "key", "keys": ["Return; rm -rf /"]}, "is not an allowed key"),
     ({"op": "type", "text": "x" * 2001}, "at most 2000 characters"),
     ({"op": "click", "button": 9}, "button must be 1, 2 or 3"),
+    ({"op": "key", "keys": ["Down"], "repeat": 21}, "key: repeat=21 is out of range (allowed 1..20)"),
 ])
 def test_guest_rechecks_operations(op: dict, message: str) -> None:
     with pytest.raises(ActionError) as err:

@@ -25,7 +25,8 @@ def _int(op: dict, key: str, lo: int, hi: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ActionError(f"{op.get('op')}: field {key!r} must be an integer, got {value!r}")
     if not lo <= value <= hi:
-        raise ActionError(f"{op.get('op')}: {key}={value} is off screen (allowed {lo}..{hi})")
+        where = "off screen" if key in ("x", "y") else "out of range"
+        raise ActionError(f"{op.get('op')}: {key}={value} is {where} (allowed {lo}..{hi})")
     return value
 
 
@@ -76,7 +77,8 @@ def commands(op: dict, width: int, height: int) -> list[list[str]]:
         keys = op.get("keys")
         if not isinstance(keys, list) or not keys or len(keys) > 5:
             raise ActionError("key: keys must be a list of 1 to 5 key names")
-        return [["xdotool", "key", "--delay", "20", "+".join(_key(op, k) for k in keys)]]
+        repeat = _int(op, "repeat", 1, 20) if "repeat" in op else 1
+        return [["xdotool", "key", "--repeat", str(repeat), "--delay", "20", "+".join(_key(op, k) for k in keys)]]
     if kind in ("key_down", "key_up"):
         return [["xdotool", kind.replace("_", ""), _key(op, op.get("key"))]]
     if kind == "wait":
