@@ -193,15 +193,23 @@ def test_bad_requests_get_the_engines_errors(served):
 
 
 @needs_vllm
-def test_a_server_that_dies_is_a_clear_error_not_a_hang(tmp_path: Path):
-    saved_tiny(tmp_path)
-    backend = VllmBackend(tmp_path, SETTINGS)
-    try:
-        os.killpg(backend.proc.pid, signal.SIGKILL)
-        with pytest.raises(VllmError, match="the vLLM server exited with code -9"):
-            backend.generate([[1, 2, 3]], SamplingParams(max_new_tokens=4))
-    finally:
-        backend.close()
+def test_a_server_that_dies_is_a_clear_error_not_a_hang(served):
+    """The last of this module's tests on the shared server: it kills it (a server start
+    costs about 25 s; the fixture's close then stops a dead server, which must work too)."""
+    _, backend = served
+    shared = backend.shared_memory.read_text().split()
+    assert any(n.startswith("psm_") for n in shared)  # vLLM's message queues
+    os.kill(backend.proc.pid, signal.SIGKILL)  # no shutdown of vLLM's engine at all
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and _group_alive(backend.proc.pid):
+        backend.proc.poll()  # reaped, the server no longer counts as a member of its group
+        time.sleep(0.2)
+    # the server's guard killed what was left of its group, and took its shared memory
+    # (RAM in /dev/shm) with it: before this client noticed anything
+    assert not _group_alive(backend.proc.pid)
+    assert [n for n in shared if os.path.exists(f"/dev/shm/{n}")] == []
+    with pytest.raises(VllmError, match="the vLLM server exited with code -9"):
+        backend.generate([[1, 2, 3]], SamplingParams(max_new_tokens=4))
 
 
 @needs_vllm
@@ -214,17 +222,21 @@ def test_a_start_that_takes_too_long_is_stopped(tmp_path: Path):
 
 
 @needs_vllm
-@pytest.mark.parametrize("paused", [False, True])
-def test_the_server_stops_when_its_owner_is_killed(tmp_path: Path, paused: bool):
-    """Also a server the bench holds stopped (SIGSTOP) between its rounds, whose own watcher
-    of its owner is stopped with it: nothing of it may outlive the owner."""
+def test_the_server_stops_when_its_owner_is_killed(tmp_path: Path):
+    """A server the bench holds stopped (SIGSTOP) between its rounds, whose own watcher of
+    its owner is stopped with it: nothing of it may outlive the owner. The bench's watchdog
+    continues it, and then the server's own watcher, the one every server has, stops it: one
+    test of both (a server start is about 25 s). Nor may vLLM's shared memory: its message
+    queues (400 MB of RAM in /dev/shm) were left behind by every server until the guard
+    removed them."""
     saved_tiny(tmp_path / "m")
+    shm_before = set(os.listdir("/dev/shm"))
     owner = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
-        import contextlib, time
+        import time
         from parity.engine.vllm import VllmBackend, VllmSettings
         from parity.engine.vllm.bench import _paused
         b = VllmBackend({str(tmp_path / "m")!r}, VllmSettings(max_model_len=512))
-        with _paused(b) if {paused} else contextlib.nullcontext():
+        with _paused(b):
             print(b.proc.pid, flush=True)
             time.sleep(600)
     """)], stdout=subprocess.PIPE, text=True)
@@ -237,6 +249,7 @@ def test_the_server_stops_when_its_owner_is_killed(tmp_path: Path, paused: bool)
     while time.monotonic() < deadline and _group_alive(server):
         time.sleep(0.5)
     assert not _group_alive(server)  # the server, vLLM's engine core and its worker
+    assert [n for n in set(os.listdir("/dev/shm")) - shm_before if n.startswith("psm_")] == []
 
 
 def _group_alive(pgid: int) -> bool:
