@@ -15,6 +15,7 @@ import docx
 import numpy as np
 import openpyxl
 import pytest
+import typer
 from docx.enum.text import WD_COLOR_INDEX
 from docx.shared import Pt, RGBColor
 from odf.opendocument import OpenDocumentText
@@ -118,6 +119,16 @@ def test_osworld_coverage_command_counts_per_app_and_ranks_reasons(tmp_path: Pat
     text = CliRunner().invoke(app, ["osworld-coverage", str(tmp_path), "--exclude", "Windows"]).output
     assert "calc" in text and "1/2" in text and "needs a login (login) ×1" in text
     assert CliRunner().invoke(app, ["osworld-coverage", str(tmp_path / "nope")]).exit_code == 2
+
+
+def test_bench_desktop_refuses_an_unknown_backend_in_one_line() -> None:
+    from parity.envs.desktop.cli import bench_desktop
+
+    bench = typer.Typer()
+    bench.command()(bench_desktop)
+    result = CliRunner().invoke(bench, ["--backend", "nope"])
+    assert result.exit_code == 2
+    assert result.output == "parity bench desktop: --backend must be local or docker, not 'nope'\n"
 
 
 # --- presentations and LibreOffice's settings ----------------------------------------------

@@ -15,6 +15,9 @@ def bench_desktop(
     how many desktops run at once on this machine; every task's oracle and wrong solution."""
     from parity.envs.desktop.bench import run_benchmark
 
+    if backend not in ("local", "docker"):
+        typer.echo(f"parity bench desktop: --backend must be local or docker, not {backend!r}", err=True)
+        raise typer.Exit(2)
     r = run_benchmark(backend)
     typer.echo(json.dumps(r, indent=2) if json_ else report(r))
 
