@@ -243,6 +243,37 @@ def test_sharded_checkpoints_resume_at_the_same_n_and_as_one_learner_exactly(ran
     assert one.version == 1 and _equal(one.state(), results[0]["state"])
 
 
+def _resume_at_three(rank: int, tmp: str) -> None:
+    """A rank of 3 resuming the 2 ranks' checkpoint 1: AdamW's state whole, as it read it."""
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/store-of-three", rank=rank,
+                            world_size=3)
+    ckpt = load_checkpoint(Path(tmp) / "checkpoints" / "step_000001")
+    learner = ShardedLearner(CFG, tiny.load_tiny(str(ckpt.model_dir)), packed_logprobs)
+    learner.load_state(ckpt.learner, ckpt.optimizer)
+    whole = get_optimizer_state_dict(learner.model, learner.opt, options=WHOLE)
+    if rank == 0:
+        torch.save({"optimizer": whole, "state": learner.state()}, Path(tmp) / "three.pt")
+    dist.destroy_process_group()
+
+
+def test_two_ranks_checkpoint_resumes_at_three_ranks_exactly(ranks) -> None:
+    """Resharding to another N than one: every shard of AdamW's state lands where 3 ranks
+    hold it, bit for bit."""
+    tmp, results = ranks
+    procs = [multiprocessing.get_context("spawn").Process(target=_resume_at_three, args=(r, str(tmp)))
+             for r in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(300)
+        if p.is_alive():
+            p.kill()
+    assert [p.exitcode for p in procs] == [0, 0, 0]
+    three = torch.load(tmp / "three.pt", weights_only=False)
+    assert _equal(three["optimizer"], results[0]["optimizer"])
+    assert three["state"]["version"] == 1
+
+
 def test_a_rank_killed_while_checkpointing_leaves_no_checkpoint(ranks) -> None:
     tmp, _ = ranks
     root = tmp / "checkpoints"
