@@ -39,13 +39,15 @@ def _attend(q, k, v, first: int, n: int) -> torch.Tensor:
     length = -(-(first + n) // 64) * 64
     out, _ = fused.attention(q[first:first + n], _dense(k[: first + n], length),
                              _dense(v[: first + n], length),
-                             SeqLayout.from_lengths([n], [first]), D**-0.5)
+                             SeqLayout.from_lengths([n], [first]), q.shape[-1]**-0.5)
     return out
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_decode_prefill_and_chunks_give_the_same_bits(qkv, threads):
-    q, k, v = qkv
+@pytest.mark.parametrize("d", [16, 64, 80])  # the head dim in 16-lane chunks: 1, 4, 4 + 1
+def test_decode_prefill_and_chunks_give_the_same_bits(threads, d):
+    g = torch.Generator().manual_seed(d)
+    q, k, v = (torch.randn(T, h, d, generator=g) for h in (HQ, HKV, HKV))
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:

@@ -51,23 +51,27 @@ static inline v16 vexp(v16 x) {
     return p * (v16)e;
 }
 
+/* The halving tree: lane i += lane i + w for w = 8, 4, 2, 1, in shuffles (the same adds of
+ * the same pairs as a scalar loop over a[i] += a[i + w]). */
 static inline float hsum(v16 v) {
-    float a[16];
-    memcpy(a, &v, sizeof a);
-    for (int w = 8; w; w >>= 1)
-        for (int i = 0; i < w; i++) a[i] += a[i + w];
-    return a[0];
+    v += __builtin_shuffle(v, (i16){8, 9, 10, 11, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15});
+    v += __builtin_shuffle(v, (i16){4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7});
+    v += __builtin_shuffle(v, (i16){2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3});
+    v += __builtin_shuffle(v, (i16){1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1});
+    return v[0];
 }
 
+/* The largest lane (a max is exact: any order gives it). */
 static inline float hmax(v16 v) {
-    float a[16], m;
-    memcpy(a, &v, sizeof a);
-    m = a[0];
-    for (int i = 1; i < 16; i++) m = a[i] > m ? a[i] : m;
-    return m;
+    v = vmax(v, __builtin_shuffle(v, (i16){8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7}));
+    v = vmax(v, __builtin_shuffle(v, (i16){4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3}));
+    v = vmax(v, __builtin_shuffle(v, (i16){2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1}));
+    v = vmax(v, __builtin_shuffle(v, (i16){1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0}));
+    return v[0];
 }
 
 #define NQ 4 /* query vectors a tile pass serves at once: independent chains share loads */
+#define PV_CHUNKS 4 /* head-dim chunks of 16 that one P*V pass accumulates at once */
 
 /* Up to NQ query vectors (qv[i] [D], scaled) against one tile: kt [D][KT] keys transposed,
  * vt [KT][D] values, the first vis[i] keys visible to vector i. Updates each vector's running
@@ -92,34 +96,60 @@ static inline __attribute__((always_inline)) void attend_tile(
     float alpha[NQ];
     int most = 0;
     const v16 floor_v = splat(EXP_FLOOR);
+    i16 hide[NQ][NV];
+    v16 gap = splat(0.0f); /* lane q: m[q] - its new max */
+    float m_new[NQ];
     for (int q = 0; q < nq; q++) {
-        i16 hide[NV];
         for (int i = 0; i < NV; i++) {
             i16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-            hide[i] = (lane + 16 * i) >= vis[q];
-            s[q][i] = (v16)((hide[i] & (i16)splat(-INFINITY)) | (~hide[i] & (i16)s[q][i]));
+            hide[q][i] = (lane + 16 * i) >= vis[q];
+            s[q][i] = (v16)((hide[q][i] & (i16)splat(-INFINITY)) | (~hide[q][i] & (i16)s[q][i]));
         }
         const float tile_max = hmax(vmax(vmax(s[q][0], s[q][1]), vmax(s[q][2], s[q][3])));
-        const float m_new = *m[q] > tile_max ? *m[q] : tile_max;
-        alpha[q] = vexp(vmax(splat(*m[q] - m_new), floor_v))[0];
-        for (int i = 0; i < NV; i++) {
-            v16 e = vexp(vmax(s[q][i] - m_new, floor_v));
-            *(v16 *)(p[q] + 16 * i) = (v16)(~hide[i] & (i16)e);
-        }
-        v16 pv0 = *(v16 *)(p[q]) + *(v16 *)(p[q] + 16), pv1 = *(v16 *)(p[q] + 32) + *(v16 *)(p[q] + 48);
-        *l[q] = *l[q] * alpha[q] + hsum(pv0 + pv1);
-        *m[q] = m_new;
+        m_new[q] = *m[q] > tile_max ? *m[q] : tile_max;
+        gap[q] = *m[q] - m_new[q];
         most = vis[q] > most ? vis[q] : most;
     }
-    for (int k = 0; k < nvd; k++) {
-        v16 a[NQ];
-        for (int q = 0; q < nq; q++) a[q] = acc[q][k] * alpha[q];
+    const v16 alphas = vexp(vmax(gap, floor_v)); /* every vector's rescale in one exp (lanewise) */
+    for (int q = 0; q < nq; q++) {
+        alpha[q] = alphas[q];
+        for (int i = 0; i < NV; i++) {
+            v16 e = vexp(vmax(s[q][i] - m_new[q], floor_v));
+            *(v16 *)(p[q] + 16 * i) = (v16)(~hide[q][i] & (i16)e);
+        }
+        v16 pv0 = *(v16 *)(p[q]) + *(v16 *)(p[q] + 16), pv1 = *(v16 *)(p[q] + 32) + *(v16 *)(p[q] + 48);
+        *l[q] = __builtin_fmaf(*l[q], alpha[q], hsum(pv0 + pv1)); /* one rounding, always */
+        *m[q] = m_new[q];
+    }
+    /* P*V, PV_CHUNKS 16-lane chunks of the head dim at a time, then one at a time: the
+     * nq * PV_CHUNKS independent accumulators hide the FMA's latency. Each accumulator's
+     * operations are the same however the chunks are grouped: acc * alpha, then p[j] * v[j]
+     * added for keys j = 0, 1, ... in order. */
+    int k0 = 0;
+    for (; k0 + PV_CHUNKS <= nvd; k0 += PV_CHUNKS) {
+        v16 a[NQ][PV_CHUNKS];
+        for (int q = 0; q < nq; q++)
+            for (int c = 0; c < PV_CHUNKS; c++) a[q][c] = acc[q][k0 + c] * alpha[q];
         /* a key past a vector's vis has p = 0 exactly: adding 0 * v leaves a unchanged */
         for (int j = 0; j < most; j++) {
-            const v16 vj = *(const v16 *)(vt + j * d_len + 16 * k);
+            v16 vj[PV_CHUNKS];
+            for (int c = 0; c < PV_CHUNKS; c++) vj[c] = *(const v16 *)(vt + j * d_len + 16 * (k0 + c));
+            for (int q = 0; q < nq; q++) {
+                const float pj = p[q][j];
+                for (int c = 0; c < PV_CHUNKS; c++) a[q][c] += pj * vj[c];
+            }
+        }
+        for (int q = 0; q < nq; q++)
+            for (int c = 0; c < PV_CHUNKS; c++) acc[q][k0 + c] = a[q][c];
+    }
+    for (; k0 < nvd; k0++) {
+        v16 a[NQ];
+        for (int q = 0; q < nq; q++) a[q] = acc[q][k0] * alpha[q];
+        for (int j = 0; j < most; j++) {
+            const v16 vj = *(const v16 *)(vt + j * d_len + 16 * k0);
             for (int q = 0; q < nq; q++) a[q] += p[q][j] * vj;
         }
-        for (int q = 0; q < nq; q++) acc[q][k] = a[q];
+        for (int q = 0; q < nq; q++) acc[q][k0] = a[q];
     }
 }
 
