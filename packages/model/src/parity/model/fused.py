@@ -38,7 +38,7 @@ from parity.model.layout import KV_TILE, SeqLayout
 SOURCE = Path(__file__).parent / "csrc" / "attention.c"
 FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fno-fast-math", "-fopenmp", "-fPIC",
          "-shared")
-UNIT_ROWS = 32  # query rows per unit: their state (max, sum, output row per head) stays in cache
+UNIT_ROWS = 64  # query rows per unit: their state (max, sum, output row per head) stays in cache
 HEAD_DIMS = range(16, 257, 16)  # the head dims the kernel serves
 
 
