@@ -22,13 +22,14 @@ from parity.model import fused
 from parity.model.layout import SeqLayout
 
 
-def _case(seqs: int, rows: int, context: int, hq: int, hkv: int, d: int, block: int):
+def _case(seqs: int, rows: int, context: int, hq: int, hkv: int, d: int, block: int,
+          dtype: torch.dtype):
     """Queries for the last `rows` positions of `seqs` sequences of `context` tokens, their
     keys and values in a pool of `block`-token blocks in shuffled order, and the layout."""
     g = torch.Generator().manual_seed(0)
     per = -(-context // block)
-    k = torch.randn(seqs * per, hkv, block, d, generator=g)
-    v = torch.randn(seqs * per, hkv, block, d, generator=g)
+    k = torch.randn(seqs * per, hkv, block, d, generator=g).to(dtype)
+    v = torch.randn(seqs * per, hkv, block, d, generator=g).to(dtype)
     table = torch.randperm(seqs * per, generator=g).to(torch.int32).view(seqs, per)
     q = torch.randn(seqs * rows, hq, d, generator=g)
     positions = torch.arange(context - rows, context).repeat(seqs)
@@ -46,14 +47,17 @@ def main() -> None:
     ap.add_argument("--block", type=int, default=16, help="pool block size (the engine's default)")
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                    help="the pool's keys and values (queries are fp32 either way)")
     a = ap.parse_args()
     if not fused.available():
         raise SystemExit(f"the fused kernel is not available here: {fused.describe()}")
     torch.set_num_threads(a.threads)
     hq, hkv = a.heads
-    print(f"{fused.describe()}; {a.threads} threads")
+    print(f"{fused.describe()}; {a.threads} threads; {a.dtype} keys and values")
     for name, rows, calls in (("prefill", a.rows, 3), ("decode", 1, 200)):
-        q, k, v, layout, table = _case(a.seqs, rows, a.context, hq, hkv, a.head_dim, a.block)
+        q, k, v, layout, table = _case(a.seqs, rows, a.context, hq, hkv, a.head_dim, a.block,
+                                   getattr(torch, a.dtype))
         fused.attention(q, k, v, layout, a.head_dim ** -0.5, table)  # warm: pages, threads
         times = []
         for _ in range(a.rounds):
