@@ -30,6 +30,7 @@ from parity.core.timing import GENERATING, StateClock
 from parity.core.types import Completion, SamplingParams
 from parity.engine.engine import EngineInputError
 from parity.engine.vllm.environment import check_vllm_env
+from parity.engine.vllm.guest.parity_vllm_server import remove_shared_memory
 from parity.engine.vllm.settings import VllmSettings
 from parity.engine.weights import WeightUpdateError
 
@@ -57,10 +58,7 @@ def _stop(proc: subprocess.Popen[bytes], shm_list: Path, grace_s: float = 15.0) 
             time.sleep(0.2)
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    with contextlib.suppress(OSError):
-        for name in shm_list.read_text().split():
-            with contextlib.suppress(OSError):
-                os.unlink(f"/dev/shm/{name}")
+    remove_shared_memory(shm_list)
 
 
 def _group_alive(pgid: int) -> bool:

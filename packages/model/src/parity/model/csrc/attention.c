@@ -93,7 +93,6 @@ static inline __attribute__((always_inline)) void attend_tile(
         }
     }
     float p[NQ][KT] __attribute__((aligned(64)));
-    float alpha[NQ];
     int most = 0;
     const v16 floor_v = splat(EXP_FLOOR);
     i16 hide[NQ][NV];
@@ -112,13 +111,12 @@ static inline __attribute__((always_inline)) void attend_tile(
     }
     const v16 alphas = vexp(vmax(gap, floor_v)); /* every vector's rescale in one exp (lanewise) */
     for (int q = 0; q < nq; q++) {
-        alpha[q] = alphas[q];
         for (int i = 0; i < NV; i++) {
             v16 e = vexp(vmax(s[q][i] - m_new[q], floor_v));
             *(v16 *)(p[q] + 16 * i) = (v16)(~hide[q][i] & (i16)e);
         }
         v16 pv0 = *(v16 *)(p[q]) + *(v16 *)(p[q] + 16), pv1 = *(v16 *)(p[q] + 32) + *(v16 *)(p[q] + 48);
-        *l[q] = __builtin_fmaf(*l[q], alpha[q], hsum(pv0 + pv1)); /* one rounding, always */
+        *l[q] = __builtin_fmaf(*l[q], alphas[q], hsum(pv0 + pv1)); /* one rounding, always */
         *m[q] = m_new[q];
     }
     /* P*V, PV_CHUNKS 16-lane chunks of the head dim at a time, then one at a time: the
@@ -129,7 +127,7 @@ static inline __attribute__((always_inline)) void attend_tile(
     for (; k0 + PV_CHUNKS <= nvd; k0 += PV_CHUNKS) {
         v16 a[NQ][PV_CHUNKS];
         for (int q = 0; q < nq; q++)
-            for (int c = 0; c < PV_CHUNKS; c++) a[q][c] = acc[q][k0 + c] * alpha[q];
+            for (int c = 0; c < PV_CHUNKS; c++) a[q][c] = acc[q][k0 + c] * alphas[q];
         /* a key past a vector's vis has p = 0 exactly: adding 0 * v leaves a unchanged */
         for (int j = 0; j < most; j++) {
             v16 vj[PV_CHUNKS];
@@ -144,7 +142,7 @@ static inline __attribute__((always_inline)) void attend_tile(
     }
     for (; k0 < nvd; k0++) {
         v16 a[NQ];
-        for (int q = 0; q < nq; q++) a[q] = acc[q][k0] * alpha[q];
+        for (int q = 0; q < nq; q++) a[q] = acc[q][k0] * alphas[q];
         for (int j = 0; j < most; j++) {
             const v16 vj = *(const v16 *)(vt + j * d_len + 16 * k0);
             for (int q = 0; q < nq; q++) a[q] += p[q][j] * vj;

@@ -343,11 +343,18 @@ def guard_group(shm_list: Path) -> None:
     if os.fork() == 0:
         while os.getppid() == server:
             time.sleep(1.0)
-        with contextlib.suppress(OSError):
-            for name in shm_list.read_text().split():
-                with contextlib.suppress(OSError):
-                    os.unlink(f"/dev/shm/{name}")  # freed once the last process unmaps it
+        remove_shared_memory(shm_list)
         os.killpg(0, signal.SIGKILL)
+
+
+def remove_shared_memory(shm_list: Path) -> None:
+    """Unlink the /dev/shm files `shm_list` names (`record_shared_memory`), those still there:
+    each is freed once the last process unmaps it. The server's guard and its client both
+    call this (a group killed with its guard leaves it to the client)."""
+    with contextlib.suppress(OSError):
+        for name in shm_list.read_text().split():
+            with contextlib.suppress(OSError):
+                os.unlink(f"/dev/shm/{name}")
 
 
 def record_shared_memory(shm_list: Path) -> None:
