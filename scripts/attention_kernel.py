@@ -50,6 +50,8 @@ def main() -> None:
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                     help="the pool's keys and values (queries are fp32 either way)")
     a = ap.parse_args()
+    if a.head_dim not in fused.HEAD_DIMS:
+        ap.error(f"--head-dim {a.head_dim}: the kernel serves multiples of 16 from 16 to 256")
     if not fused.available():
         raise SystemExit(f"the fused kernel is not available here: {fused.describe()}")
     torch.set_num_threads(a.threads)
