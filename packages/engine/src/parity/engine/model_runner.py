@@ -52,9 +52,10 @@ class ModelRunner:
         for seq, n in zip(batch.seqs, batch.num_new, strict=True):
             flat += seq.tokens[seq.num_computed : seq.num_computed + n]
         layout = SeqLayout.from_lengths(batch.num_new, [s.num_computed for s in batch.seqs])
-        cfg = self.model.config
-        scores = layout.attention_scores(cfg.num_attention_heads, cfg.kv_heads)
-        self.peak_attention_scores = max(self.peak_attention_scores, scores)
+        if not self.model.reads_paged:  # the fused kernel holds no score matrix to count
+            cfg = self.model.config
+            scores = layout.attention_scores(cfg.num_attention_heads, cfg.kv_heads)
+            self.peak_attention_scores = max(self.peak_attention_scores, scores)
         kv = PagedKV.build(self.pool, [s.block_table for s in batch.seqs], layout, self.dense,
                            [s.seq_id for s in batch.seqs], in_place=self.model.reads_paged)
         with torch.no_grad():

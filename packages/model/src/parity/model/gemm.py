@@ -165,12 +165,15 @@ def _forward(flat: torch.Tensor, ws: Sequence[torch.Tensor], bs: Sequence[torch.
         parts = [gemm(w.shape[0], F.linear, flat[i:i + BF16_ROWS], w, b)
                  for i in range(0, flat.shape[0], BF16_ROWS)]
         return parts[0] if len(parts) == 1 else torch.cat(parts)
-    x = flat.to(accumulation_dtype(dtype))
+    acc = accumulation_dtype(dtype)
+    # no `.to` where it would not convert: even a no-op call costs microseconds, and a decode
+    # step makes hundreds of these calls
+    x = flat if acc == dtype else flat.to(acc)
     if _on_onednn(dtype):
         y = torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
     else:
         y = gemm(w.shape[0], F.linear, x, w, b)
-    return y.to(dtype)
+    return y if acc == dtype else y.to(dtype)
 
 
 def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -219,7 +222,12 @@ def linears_aligned(x: torch.Tensor, parts: Sequence[Part]) -> list[torch.Tensor
     else:
         y = _forward(flat, ws, bs)
     rows = x.numel() // x.shape[-1]
-    return [o.view(*x.shape[:-1], o.shape[-1]) for o in y[:rows].split([w.shape[0] for w in ws], -1)]
+    if rows != y.shape[0]:
+        y = y[:rows]
+    outs = (y,) if len(ws) == 1 else y.split_with_sizes([w.shape[0] for w in ws], -1)
+    if x.dim() == 2:
+        return list(outs)
+    return [o.view(*x.shape[:-1], o.shape[-1]) for o in outs]
 
 
 def linear_aligned(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:

@@ -78,4 +78,5 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     fp32 table and rounded once to x's dtype."""
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return (x * cos + rotated * sin).to(x.dtype)
+    y = x * cos + rotated * sin
+    return y if y.dtype == x.dtype else y.to(x.dtype)

