@@ -130,18 +130,20 @@ def test_the_proof_refuses_a_batch_dependent_kernel(tmp_path):
 
 _NO_COMPILER = """
 import json
-from parity.model import Decoder, ModelConfig, fused
+from parity.model import Decoder, ModelConfig, fused, rowwise
 cfg = ModelConfig(model_type="qwen2", vocab_size=97, hidden_size=64, intermediate_size=896,
                   num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2)
-model = Decoder(cfg, "aligned")  # the proof passes on the GEMM-tile path
-print(json.dumps({"serves": fused.describe(), "reads_paged": model.reads_paged}))
+model = Decoder(cfg, "aligned")  # the proof passes on the GEMM-tile path and torch's norm
+print(json.dumps({"serves": fused.describe(), "reads_paged": model.reads_paged,
+                  "rms_norm": rowwise.describe()}))
 """
 
 
-def test_without_a_compiler_attention_runs_on_gemm_tiles(tmp_path):
+def test_without_a_compiler_attention_runs_on_gemm_tiles_and_norms_on_torch(tmp_path):
     env = {**os.environ, "PATH": str(tmp_path), "PARITY_CACHE_DIR": str(tmp_path)}
     env.pop("CC", None)
     out = subprocess.run([sys.executable, "-c", _NO_COMPILER], env=env, capture_output=True,
                          text=True, check=True)
     assert json.loads(out.stdout) == {
-        "serves": "GEMM tiles (no C compiler (set CC, or install gcc))", "reads_paged": False}
+        "serves": "GEMM tiles (no C compiler (set CC, or install gcc))", "reads_paged": False,
+        "rms_norm": "torch ops (no C compiler (set CC, or install gcc))"}

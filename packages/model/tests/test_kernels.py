@@ -284,3 +284,15 @@ def test_aligned_gradients_match_finite_differences():
     assert torch.autograd.gradcheck(
         lambda a, b, c: ALIGNED.attention(a, _dense(b, 64), _dense(c, 64), layout, 0.5), (q, k, v)
     )
+
+
+def test_rms_norm_is_the_formula_to_fp32_rounding():
+    # whichever path serves it here (one C pass per row, or torch's ops): within a few
+    # roundings of the float64 formula, for widths on both paths (896 = 56 x 16; 97 is not)
+    g = torch.Generator().manual_seed(3)
+    for h in (896, 97):
+        x, w = torch.randn(37, h, generator=g) * 3, torch.randn(h, generator=g)
+        y = ALIGNED.rms_norm(x, w, 1e-6).double()
+        xd = x.double()
+        ref = xd / torch.sqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-6) * w.double()
+        assert (y - ref).abs().max() <= 4 * torch.finfo(torch.float32).eps * ref.abs().max()

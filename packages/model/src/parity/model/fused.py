@@ -5,66 +5,33 @@ order per query row (scores, online softmax and P*V over key tiles from position
 speed. Numba reached 22 GFLOP/s here on it (its loops keep the score accumulators in memory,
 and a reduction it may not reorder does not vectorise); the C kernel, GCC vector extensions
 with four query vectors sharing each key load, reaches 100+ GFLOP/s on 2 cores and never
-materialises scores. It needs a C compiler (`$CC`, else `cc` or `gcc`), built once per
-machine into the cache (`$PARITY_CACHE_DIR`, default `~/.cache/parity`), keyed by the source,
-the compiler's version and the CPU's flags. Where no compiler works, `available()` is False
+materialises scores. It needs a C compiler (`parity.model.native` builds it once per machine
+into the cache). Where no compiler works, `available()` is False
 and attention falls back to the GEMM-tile path (`parity.model.attention`), which the start-up
 proof covers the same way; two processes of one job compare the bits they compute
 (`selfcheck.fingerprint`), so a worker on a machine without a compiler is refused, never
 silently different. `PARITY_FUSED_ATTENTION=0` selects the fallback.
 
 Threads: the call's units (sequence, KV head, up to UNIT_ROWS query rows) are split into
-contiguous runs of about equal work, one per torch thread, run on OpenMP's threads. The
-library is linked against `libgomp.so.1`, which the dynamic loader resolves to the copy torch
-has already loaded: one thread pool for torch's ops and this kernel (threads of a second
-pool would spin against torch's between ops). A row's bits do not depend on the split.
+contiguous runs of about equal work, one per torch thread, run on OpenMP's threads (torch's
+own pool, see `parity.model.native`). A row's bits do not depend on the split.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import os
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
 
+from parity.model import native
 from parity.model.layout import KV_TILE, SeqLayout
 
 SOURCE = Path(__file__).parent / "csrc" / "attention.c"
-FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fno-fast-math", "-fopenmp", "-fPIC",
-         "-shared")
 UNIT_ROWS = 64  # query rows per unit: their state (max, sum, output row per head) stays in cache
 HEAD_DIMS = range(16, 257, 16)  # the head dims the kernel serves
-
-
-def cache_root() -> Path:
-    """Where parity keeps what it builds or proves per machine: `$PARITY_CACHE_DIR`, else
-    `$XDG_CACHE_HOME/parity`, else `~/.cache/parity`."""
-    root = os.environ.get("PARITY_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "parity")
-    return Path(root)
-
-
-def _compiler() -> str | None:
-    for name in (os.environ.get("CC"), "cc", "gcc"):
-        if name and shutil.which(name):
-            return name
-    return None
-
-
-def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line
-    except OSError:
-        pass
-    return ""
 
 
 @functools.cache
@@ -72,39 +39,15 @@ def _build() -> tuple[ctypes.CDLL | None, str]:
     """The loaded kernel library and its identity, or (None, why not)."""
     if os.environ.get("PARITY_FUSED_ATTENTION", "1") == "0":
         return None, "disabled by PARITY_FUSED_ATTENTION=0"
-    cc = _compiler()
-    if cc is None:
-        return None, "no C compiler (set CC, or install gcc)"
-    try:
-        version = subprocess.run([cc, "--version"], capture_output=True, text=True,
-                                 timeout=30).stdout.splitlines()[0]
-    except (OSError, subprocess.SubprocessError, IndexError) as err:
-        return None, f"{cc} --version failed: {err}"
-    key = hashlib.sha256("\n".join([SOURCE.read_text(), version, " ".join(FLAGS),
-                                    _cpu_flags()]).encode()).hexdigest()[:16]
-    lib = cache_root() / "kernels" / f"attention-{key}.so"
-    if not lib.exists():
-        lib.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=lib.parent) as tmp:
-            out = Path(tmp) / lib.name
-            try:
-                run = subprocess.run([cc, *FLAGS, "-o", str(out), str(SOURCE), "-lm"],
-                                     capture_output=True, text=True, timeout=300)
-            except (OSError, subprocess.SubprocessError) as err:
-                return None, f"{cc} failed: {err}"
-            if run.returncode != 0:
-                return None, f"{cc} could not build {SOURCE.name}: {run.stderr.strip()[-300:]}"
-            out.replace(lib)  # atomic: concurrent builders each install a whole file
-    try:
-        dll = ctypes.CDLL(str(lib))
-    except OSError as err:
-        return None, f"cannot load {lib}: {err}"
+    dll, what = native.build(SOURCE)
+    if dll is None:
+        return None, what
     fn = dll.parity_attend
     p, i = ctypes.c_void_p, ctypes.c_int64
     fn.argtypes = [p, p, p, ctypes.c_int, i, i, i, p, i, i, p, p, i, i, i, i, ctypes.c_float,
                    p, p]
     fn.restype = ctypes.c_int
-    return dll, f"{lib.name} ({version})"
+    return dll, what
 
 
 def available() -> bool:

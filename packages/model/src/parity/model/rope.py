@@ -10,6 +10,7 @@ import math
 
 import torch
 
+from parity.model import rowwise
 from parity.model.config import ModelConfig
 
 _CHUNK = 256
@@ -73,10 +74,44 @@ class RotaryTable:
         return self._cos[positions].unsqueeze(1), self._sin[positions].unsqueeze(1)
 
 
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+
+
+def _rope_c(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x = x.contiguous()
+    y = torch.empty_like(x)
+    n, heads, d = x.shape
+    cos, sin = cos.reshape(n, d).contiguous(), sin.reshape(n, d).contiguous()
+    rowwise.c_library().parity_rope(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), y.data_ptr(),
+                                    n, heads, d, rowwise.c_threads(x.numel()))
+    return y
+
+
+class _RopeC(torch.autograd.Function):
+    """The C forward; for backward, the rotation's transpose: x * cos - rotate_half(x * sin)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        ctx.save_for_backward(cos, sin)
+        return _rope_c(x, cos, sin)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:  # type: ignore[override]
+        cos, sin = ctx.saved_tensors
+        return grad * cos - _rotate_half(grad * sin), None, None
+
+
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [N, H, D] rotated as in Hugging Face's rotate_half convention, computed with the
-    fp32 table and rounded once to x's dtype."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    y = x * cos + rotated * sin
+    fp32 table (cos, sin [N, 1, D]) and rounded once to x's dtype. In fp32 on a CPU with the
+    row-wise C ops (`parity.model.rowwise`), one C call: every caller of that dtype and head
+    dim on the machine takes it."""
+    if (x.dim() == 3 and x.shape[-1] % 32 == 0 and cos.shape[1] == 1
+            and rowwise.serves_c(x, cos, sin)):
+        if torch.is_grad_enabled() and x.requires_grad:
+            return _RopeC.apply(x, cos, sin)
+        return _rope_c(x, cos, sin)
+    y = x * cos + _rotate_half(x) * sin
     return y if y.dtype == x.dtype else y.to(x.dtype)

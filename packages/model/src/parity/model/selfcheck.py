@@ -42,7 +42,7 @@ from pathlib import Path
 
 import torch
 
-from parity.model import blas, fused
+from parity.model import blas, fused, native, rowwise
 from parity.model.config import ModelConfig
 from parity.model.dtypes import dtype_name
 from parity.model.gemm import ROW_TILE, streams_bf16
@@ -113,17 +113,18 @@ def machine() -> dict:
                 "vendor": fields.get("vendor_id", ""), "isa": [f for f in wanted if f in flags]}
     return {**info, "torch": torch.__version__, "torch_git": (torch.version.git_version or "")[:12],
             "torch_capability": torch.backends.cpu.get_cpu_capability(), **blas.describe(),
-            "attention": fused.describe()}
+            "attention": fused.describe(), "rms_norm": rowwise.describe()}
 
 
 def _kernel_source() -> str:
     """A hash of the code whose arithmetic is proved: a change to it voids cached verdicts."""
-    from parity.model import attention, blas, fused, gemm, kernels, layout, rowwise
+    from parity.model import attention, gemm, kernels, layout
 
     h = hashlib.sha256()
-    for module in (attention, blas, fused, gemm, kernels, layout, rowwise):
+    for module in (attention, blas, fused, gemm, kernels, layout, native, rowwise):
         h.update(Path(module.__file__).read_bytes())
     h.update(fused.SOURCE.read_bytes())
+    h.update(rowwise.SOURCE.read_bytes())
     h.update(Path(__file__).read_bytes())
     return h.hexdigest()[:16]
 
@@ -337,7 +338,7 @@ def _run(s: Shapes, kernels: Kernels, threads: list[int]) -> tuple[str | None, i
 
 
 def cache_dir() -> Path:
-    return fused.cache_root() / "selfcheck"
+    return native.cache_root() / "selfcheck"
 
 
 _VERDICTS: dict[str, Verdict] = {}
