@@ -105,11 +105,14 @@ class _RopeC(torch.autograd.Function):
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [N, H, D] rotated as in Hugging Face's rotate_half convention, computed with the
-    fp32 table (cos, sin [N, 1, D]) and rounded once to x's dtype. In fp32 on a CPU with the
-    row-wise C ops (`parity.model.rowwise`), one C call: every caller of that dtype and head
-    dim on the machine takes it."""
+    fp32 table (cos, sin [N, 1, D]) and rounded once to x's dtype. In fp32 and bf16 on a CPU
+    with the row-wise C ops (`parity.model.rowwise`), one C call in fp32: every caller of that
+    dtype and head dim on the machine takes it."""
     if (x.dim() == 3 and x.shape[-1] % 32 == 0 and cos.shape[1] == 1
-            and rowwise.serves_c(x, cos, sin)):
+            and x.dtype in (torch.float32, torch.bfloat16) and x.device.type == "cpu"
+            and rowwise.serves_c(cos, sin)):
+        if x.dtype == torch.bfloat16:  # the same fp32 math on its values, rounded once
+            return apply_rotary(x.float(), cos, sin).to(x.dtype)
         if torch.is_grad_enabled() and x.requires_grad:
             return _RopeC.apply(x, cos, sin)
         return _rope_c(x, cos, sin)
