@@ -2,7 +2,8 @@
 with ctypes.
 
 Each source is built once per machine into the cache (`$PARITY_CACHE_DIR`, default
-`~/.cache/parity`), keyed by the source, the compiler's version, the flags and the CPU's flags;
+`~/.cache/parity`), keyed by the source, the headers in `csrc/`, the compiler's version, the
+flags and the CPU's flags;
 the compiler is `$CC`, else `cc` or `gcc`. No fast-math: no reassociation, and FMA contraction
 is fixed at compile time in the one binary every caller on the machine loads. Each library is
 linked against `libgomp.so.1`, which the dynamic loader resolves to the copy torch has already
@@ -24,6 +25,7 @@ from pathlib import Path
 
 FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fno-fast-math", "-fopenmp", "-fPIC",
          "-shared")
+CSRC = Path(__file__).parent / "csrc"  # the sources and the header they share (vec16.h)
 
 
 def cache_root() -> Path:
@@ -63,7 +65,8 @@ def build(source: Path) -> tuple[ctypes.CDLL | None, str]:
                                  timeout=30).stdout.splitlines()[0]
     except (OSError, subprocess.SubprocessError, IndexError) as err:
         return None, f"{cc} --version failed: {err}"
-    key = hashlib.sha256("\n".join([source.read_text(), version, " ".join(FLAGS),
+    headers = [h.read_text() for h in sorted(CSRC.glob("*.h"))]
+    key = hashlib.sha256("\n".join([source.read_text(), *headers, version, " ".join(FLAGS),
                                     _cpu_flags()]).encode()).hexdigest()[:16]
     lib = cache_root() / "kernels" / f"{source.stem}-{key}.so"
     if not lib.exists():
@@ -71,7 +74,8 @@ def build(source: Path) -> tuple[ctypes.CDLL | None, str]:
         with tempfile.TemporaryDirectory(dir=lib.parent) as tmp:
             out = Path(tmp) / lib.name
             try:
-                run = subprocess.run([cc, *FLAGS, "-o", str(out), str(source), "-lm"],
+                run = subprocess.run([cc, *FLAGS, "-I", str(CSRC), "-o", str(out), str(source),
+                                      "-lm"],
                                      capture_output=True, text=True, timeout=300)
             except (OSError, subprocess.SubprocessError) as err:
                 return None, f"{cc} failed: {err}"

@@ -123,8 +123,8 @@ def _kernel_source() -> str:
     h = hashlib.sha256()
     for module in (attention, blas, fused, gemm, kernels, layout, native, rowwise):
         h.update(Path(module.__file__).read_bytes())
-    h.update(fused.SOURCE.read_bytes())
-    h.update(rowwise.SOURCE.read_bytes())
+    for source in (fused.SOURCE, rowwise.SOURCE, *sorted(native.CSRC.glob("*.h"))):
+        h.update(source.read_bytes())
     h.update(Path(__file__).read_bytes())
     return h.hexdigest()[:16]
 
