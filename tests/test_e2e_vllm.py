@@ -5,7 +5,6 @@ environment, except where PARITY_REQUIRE_VLLM=1 (as in CI)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -53,7 +52,10 @@ def test_training_on_vllm_measures_its_mismatch_and_survives_a_killed_server(tmp
             if metrics.is_file() and metrics.read_text().strip():
                 break
             time.sleep(1)
-        servers = [p for p in _descendants(proc.pid) if "parity_vllm_server.py" in _cmdline(p)]
+        # the servers, not their guards (forks of the server, with its command line): a server
+        # that dies leaves its guard to kill vLLM's engine core and worker
+        servers = [p for p in _descendants(proc.pid) if "parity_vllm_server.py" in _cmdline(p)
+                   and "parity_vllm_server.py" not in _cmdline(_parent(p))]
         assert servers, "no vLLM server to kill"
         for p in servers:
             os.kill(p, signal.SIGKILL)
@@ -61,6 +63,9 @@ def test_training_on_vllm_measures_its_mismatch_and_survives_a_killed_server(tmp
     finally:
         proc.kill()
     assert proc.returncode == 0, err[-3000:]
+    for p in servers:  # nothing of a killed server's process group is left holding memory
+        with pytest.raises(ProcessLookupError):
+            os.killpg(p, 0)
     assert "its logprobs are not bit-identical to the learner's" in err
     assert "restarting rollout worker 0" in err
     summary = json.loads((run / "summary.json").read_text())
@@ -80,13 +85,19 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
+def _parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
 def _descendants(root: int) -> list[int]:
     """Every process below `root` (this run's Ray, its workers and their vLLM servers)."""
     parent = {}
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                parent[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            parent[int(d.name)] = _parent(int(d.name))
     found, frontier = [], [root]
     while frontier:
         kids = [p for p, pp in parent.items() if pp in frontier]
