@@ -135,7 +135,7 @@ cfg = ModelConfig(model_type="qwen2", vocab_size=97, hidden_size=64, intermediat
                   num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2)
 model = Decoder(cfg, "aligned")  # the proof passes on the GEMM-tile path and torch's norm
 print(json.dumps({"serves": fused.describe(), "reads_paged": model.reads_paged,
-                  "rms_norm": rowwise.describe()}))
+                  "rowwise": rowwise.describe()}))
 """
 
 
@@ -146,4 +146,4 @@ def test_without_a_compiler_attention_runs_on_gemm_tiles_and_norms_on_torch(tmp_
                          text=True, check=True)
     assert json.loads(out.stdout) == {
         "serves": "GEMM tiles (no C compiler (set CC, or install gcc))", "reads_paged": False,
-        "rms_norm": "torch ops (no C compiler (set CC, or install gcc))"}
+        "rowwise": "torch ops (no C compiler (set CC, or install gcc))"}

@@ -296,3 +296,16 @@ def test_rms_norm_is_the_formula_to_fp32_rounding():
         xd = x.double()
         ref = xd / torch.sqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-6) * w.double()
         assert (y - ref).abs().max() <= 4 * torch.finfo(torch.float32).eps * ref.abs().max()
+
+
+def test_silu_mul_is_the_formula_to_fp32_rounding():
+    # gate and up as the MLP has them (column slices of one GEMM output), widths on both
+    # paths (768 = 48 x 16; 97 is not)
+    g = torch.Generator().manual_seed(4)
+    for width in (768, 97):
+        both = torch.randn(33, 2 * width, generator=g) * 6
+        gate, up = both[:, :width], both[:, width:]
+        y = ALIGNED.silu_mul(gate, up).double()
+        gd = gate.double()
+        ref = gd * torch.sigmoid(gd) * up.double()
+        assert ((y - ref).abs() <= 4 * torch.finfo(torch.float32).eps * ref.abs()).all()

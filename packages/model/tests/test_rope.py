@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from parity.model.rope import _CHUNK, RotaryTable, inverse_frequencies
+from parity.model.rope import _CHUNK, RotaryTable, apply_rotary, inverse_frequencies
 from parity.model.shapes import SHAPES
 
 CFG = SHAPES["tiny"]
@@ -36,3 +36,22 @@ def test_rows_do_not_depend_on_how_the_table_grew(reach: list[int]) -> None:
     last = (top - 1) % _CHUNK
     assert torch.equal(cos[-1, 0], c[last]) and torch.equal(sin[-1, 0], s[last])
     assert table.rows == -(-top // _CHUNK) * _CHUNK
+
+
+def test_rotation_and_its_gradient_are_the_formulas():
+    # whichever path serves it here (one C call in fp32, or torch's ops): the rotate-half
+    # formula to fp32 rounding, and the formula's own gradient (the rotation's transpose)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(37, 4, 64, generator=g, requires_grad=True)
+    cos, sin = RotaryTable(CFG).lookup(torch.arange(37) * 7)
+    y = apply_rotary(x, cos, sin)
+    half = torch.cat([-x[..., 32:], x[..., :32]], dim=-1)
+    ref = x * cos + half * sin
+    assert (y - ref).abs().max() <= 4 * torch.finfo(torch.float32).eps * ref.abs().max()
+    grad = torch.randn(y.shape, generator=g)
+    (got,) = torch.autograd.grad(y, x, grad)
+    (want,) = torch.autograd.grad(ref, x, grad)
+    assert torch.equal(got, want)
+    bf = apply_rotary(x.detach().bfloat16(), cos, sin)  # bf16: the fp32 math, rounded once
+    assert bf.dtype == torch.bfloat16
+    assert torch.equal(bf, apply_rotary(x.detach().bfloat16().float(), cos, sin).bfloat16())

@@ -22,14 +22,13 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
-from pathlib import Path
 
 import torch
 
 from parity.model import native
 from parity.model.layout import KV_TILE, SeqLayout
 
-SOURCE = Path(__file__).parent / "csrc" / "attention.c"
+SOURCE = native.CSRC / "attention.c"
 UNIT_ROWS = 64  # query rows per unit: their state (max, sum, output row per head) stays in cache
 HEAD_DIMS = range(16, 257, 16)  # the head dims the kernel serves
 

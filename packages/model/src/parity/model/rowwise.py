@@ -19,14 +19,13 @@ from __future__ import annotations
 import ctypes
 import functools
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from parity.model import native
 
-SOURCE = Path(__file__).parent / "csrc" / "rowwise.c"
+SOURCE = native.CSRC / "rowwise.c"
 _ONE_THREAD = 1 << 16  # elements below which a C call runs on one thread (no pool wake-up)
 
 

@@ -113,15 +113,15 @@ def machine() -> dict:
                 "vendor": fields.get("vendor_id", ""), "isa": [f for f in wanted if f in flags]}
     return {**info, "torch": torch.__version__, "torch_git": (torch.version.git_version or "")[:12],
             "torch_capability": torch.backends.cpu.get_cpu_capability(), **blas.describe(),
-            "attention": fused.describe(), "rms_norm": rowwise.describe()}
+            "attention": fused.describe(), "rowwise": rowwise.describe()}
 
 
 def _kernel_source() -> str:
     """A hash of the code whose arithmetic is proved: a change to it voids cached verdicts."""
-    from parity.model import attention, gemm, kernels, layout
+    from parity.model import attention, gemm, kernels, layout, rope
 
     h = hashlib.sha256()
-    for module in (attention, blas, fused, gemm, kernels, layout, native, rowwise):
+    for module in (attention, blas, fused, gemm, kernels, layout, native, rope, rowwise):
         h.update(Path(module.__file__).read_bytes())
     for source in (fused.SOURCE, rowwise.SOURCE, *sorted(native.CSRC.glob("*.h"))):
         h.update(source.read_bytes())
