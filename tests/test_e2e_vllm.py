@@ -52,12 +52,13 @@ def test_training_on_vllm_measures_its_mismatch_and_survives_a_killed_server(tmp
             if metrics.is_file() and metrics.read_text().strip():
                 break
             time.sleep(1)
-        # the servers, not their guards (forks of the server, with its command line): a server
-        # that dies leaves its guard to kill vLLM's engine core and worker
-        servers = [p for p in _descendants(proc.pid) if "parity_vllm_server.py" in _cmdline(p)
-                   and "parity_vllm_server.py" not in _cmdline(_parent(p))]
+        # each server and its guard (a fork with the server's command line), so that no one
+        # of the server's group is left to clean up: the rollout worker's client must kill
+        # vLLM's engine core and worker itself
+        killed = [p for p in _descendants(proc.pid) if "parity_vllm_server.py" in _cmdline(p)]
+        servers = [p for p in killed if "parity_vllm_server.py" not in _cmdline(_parent(p))]
         assert servers, "no vLLM server to kill"
-        for p in servers:
+        for p in killed:
             os.kill(p, signal.SIGKILL)
         _, err = proc.communicate(timeout=900)
     finally:

@@ -47,15 +47,18 @@ def _stop(proc: subprocess.Popen[bytes], shm_list: Path, grace_s: float = 15.0) 
     alone is asked: it shuts vLLM's engine down, and its guard then frees the group's
     shared memory and kills what is left (2 s; asking every process of the group at once
     took 6.6 s). The shared memory the server recorded (`shm_list`) is removed here too,
-    for a group killed with its guard."""
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(proc.pid, signal.SIGTERM)
+    for a group killed with its guard. A server already gone (reaped: its pid no longer
+    answers) cannot shut anything down, and its group is killed at once."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline:
             proc.poll()  # reaped, the server no longer counts as a member of its group
             if not _group_alive(proc.pid):
                 break
             time.sleep(0.2)
+    with contextlib.suppress(ProcessLookupError):  # none left: the group is gone
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     remove_shared_memory(shm_list)
