@@ -22,6 +22,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimi
 
 from parity.core.timing import COLLECTIVE
 from parity.core.types import Trajectory
+from parity.model import gemm
 from parity.model import packed_logprobs as aligned_logprobs
 from parity.model.decoder import Decoder
 from parity.model.shapes import TINY
@@ -43,6 +44,9 @@ SECTIONS = {"optim": {"lr": 1e-2, "grad_clip": 0.05, "max_update_kl": 1e-4,
 CFG = LearnerSettings.of(TrainConfig.model_validate(SECTIONS))
 UPDATE_BOUND = 1e-8  # max |θ(2 ranks) − θ(1 rank)| after one step (measured: 1.86e-09)
 RESUME_BOUND = 1e-7  # the same after a second step, from one learner's state (measured: 7.45e-09)
+# the parity decoder after two steps (measured: 1.19e-07, one float32 ulp of the norms'
+# weights, which are near 1)
+DECODER_BOUND = 2.5e-7
 EXACT = ("is/d3", "is/d3_mismatch", "is/d3_lag", "is/ess_frac", "is/w_peak_over_median",
          "kl/rollout_learner", "gate/rejected_frac", "lr", "learner/tokens")
 SOLO = [make_group(TinyLM(), "solo", [[1, 2, 3, 4, 5]], 1, [1.0], 0)]  # fewer sequences than ranks
@@ -75,13 +79,17 @@ def _run(learner: Learner) -> dict[str, Any]:
     return out
 
 
-def _aligned(learner_class: type[Learner]) -> dict[str, Tensor]:
+def _aligned(learner_class: type[Learner], chunk_tokens: int | None = None) -> dict[str, Any]:
     """The parity decoder's (aligned kernels, random weights) logprobs of uneven sequences as
     `learner_class` computes them for a batch, under θ_0 and, after an update, under θ_1;
-    and θ_1's from a fresh decoder loaded with those weights (a learner that computed with
-    stale prepared weights would differ)."""
+    θ_1's from a fresh decoder loaded with those weights (a learner that computed with
+    stale prepared weights would differ); then a step on θ_0's rollouts at version 1 (the D3
+    split's shadow forward of θ_0) and the weights after it. Micro-batches of 6 tokens: the
+    ranks' counts differ; `chunk_tokens` runs each sequence's forward in chunks."""
     torch.manual_seed(0)
-    learner = learner_class(CFG, Decoder(SMALL, "aligned"), aligned_logprobs)
+    optim = SECTIONS["optim"] | {"chunk_tokens": chunk_tokens}
+    cfg = LearnerSettings.of(TrainConfig.model_validate(SECTIONS | {"optim": optim}))
+    learner = learner_class(cfg, Decoder(SMALL, "aligned"), aligned_logprobs)
     seqs = [list(range(3, 3 + n)) for n in (17, 5, 30, 9, 12, 2)]
 
     def groups(mu: Tensor) -> list[list[Trajectory]]:  # rewards 0 and 1; μ: rows [B, W]
@@ -90,13 +98,16 @@ def _aligned(learner_class: type[Learner]) -> dict[str, Tensor]:
                  for s, m in zip(seqs, mu, strict=True)]]
 
     b = collate(groups(torch.zeros(len(seqs), max(map(len, seqs)))))
-    out = {"θ_0": learner._forward_all(b, learner._micro_batches(b), "lp")}
+    out: dict[str, Any] = {"θ_0": learner._forward_all(b, learner._micro_batches(b), "lp")}
     learner.train_step(groups(out["θ_0"]))  # μ: θ_0's own, as aligned rollouts'
+    out["prepared after a step"] = len(gemm._PREPARED)  # a rank's: none
     out["θ_1"] = learner._forward_all(b, learner._micro_batches(b), "lp")
     fresh = Decoder(SMALL, "aligned")
     fresh.load_state_dict(learner.current_weights())
     one = Learner(CFG, fresh, aligned_logprobs)
     out["θ_1 fresh"] = one._forward_all(b, one._micro_batches(b), "lp")
+    out["lagged step"] = learner.train_step(groups(out["θ_0"]))
+    out["θ_2 weights"] = learner.current_weights()
     return out
 
 
@@ -139,6 +150,7 @@ def _rank(rank: int, port: int, tmp: str) -> None:
     again.load_state(learner.state(), root / "step_000001" / "optimizer")
     out["resumed"] = get_optimizer_state_dict(again.model, again.opt, options=WHOLE)
     out["aligned"] = _aligned(ShardedLearner)
+    out["aligned, chunked"] = _aligned(ShardedLearner, chunk_tokens=4)
     out["from one learner"] = _resumed_from_one_learner()
     torch.save(out, tmp_path / f"rank{rank}.pt")
     member.train_step(_groups(TinyLM(), 1))
@@ -216,8 +228,17 @@ def test_two_ranks_compute_one_learners_logprobs_and_update(ranks) -> None:
         assert worst <= UPDATE_BOUND
         assert _equal(a["last"], again["last"])  # the same N and seed: bit for bit
         assert a["metrics"] == again["metrics"]
-        assert torch.equal(r["aligned"]["θ_0"], aligned["θ_0"])  # the real kernels
-        assert torch.equal(r["aligned"]["θ_1"], r["aligned"]["θ_1 fresh"])  # not stale
+        for a in (r["aligned"], r["aligned, chunked"]):  # the real kernels, layer by layer
+            assert torch.equal(a["θ_0"], aligned["θ_0"])
+            assert torch.equal(a["θ_1"], a["θ_1 fresh"])  # not stale
+            assert a["prepared after a step"] == 0  # each layer's copies went with its weights
+            lagged = a["lagged step"]
+            assert lagged["is/d3_mismatch"] == 0.0 and lagged["is/d3_share"] == 1.0
+            assert lagged["lag/mean"] == 1.0  # the split's shadow forward ran, on θ_0
+            worst = max(float((a["θ_2 weights"][k] - v).abs().max())
+                        for k, v in aligned["θ_2 weights"].items())
+            print(f"decoder: max |θ(2 ranks) − θ(1 rank)| after two steps: {worst:.3g}")
+            assert worst <= DECODER_BOUND
         print(f"resumed from one learner, after a step: {r['from one learner']:.3g}")
         assert r["from one learner"] <= RESUME_BOUND
     solo = Learner(CFG, TinyLM(), packed_logprobs)

@@ -13,7 +13,8 @@ from __future__ import annotations
 import copy
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -147,6 +148,10 @@ class Learner:
     def _reduce_grads(self) -> None:
         """The whole batch's gradient sum from this learner's share: already in place."""
 
+    def _idle(self, train: bool) -> None:
+        """A micro-batch with none of the sequences a pass computes: nothing to do here (a
+        sharded learner's rank still meets the other ranks in its layers' collectives)."""
+
     def _moments(self, p: Tensor) -> dict[str, Tensor]:
         """AdamW's state of parameter `p` ({} before its first step)."""
         return self.opt.state.get(p, {})
@@ -199,6 +204,9 @@ class Learner:
         gate = torch.ones(len(b.lengths), dtype=torch.bool)
         total = 0.0
         for idx in mbs:
+            if not idx:
+                self._idle(train=True)
+                continue
             with clock.during(FORWARD), tl.span("forward", "learner_fwd",
                                                  tokens=int(b.lengths[idx].sum())):
                 lp = self._logprobs(self.model, b, idx)
@@ -282,6 +290,8 @@ class Learner:
                 idx = idx if rows is None else [i for i in idx if i in rows]
                 if idx:
                     out[idx] = self._logprobs(self.model, b, idx).double()
+                else:
+                    self._idle(train=False)
         return out
 
     def _sample(self, rows: list[int], share: float) -> set[int]:
@@ -337,24 +347,28 @@ class Learner:
             if not rows:
                 continue
             sel = (b.versions == v) & torch.isin(torch.arange(len(b.lengths)), torch.tensor(rows))[:, None]
-            shadow = self._shadow_at(v)
-            with self.clock.during(D3_SPLIT), self.timeline.span(f"logprobs θ_{v}", "learner_fwd"), \
-                    torch.no_grad():
+            with self._at_version(v) as shadow, self.clock.during(D3_SPLIT), \
+                    self.timeline.span(f"logprobs θ_{v}", "learner_fwd"), torch.no_grad():
                 for idx in mbs:
                     idx = [i for i in idx if i in rows]
                     if idx:
                         lp = self._logprobs(shadow, b, idx)
                         logp_v[idx] = torch.where(sel[idx], lp, logp_v[idx])
+                    else:
+                        self._idle(train=False)
             known = torch.maximum(known, sel.to(known.dtype))
         return logp_v, known, share
 
-    def _shadow_at(self, v: int) -> nn.Module:
+    @contextmanager
+    def _at_version(self, v: int) -> Iterator[nn.Module]:
+        """A model computing with version `v`'s weights while the context lasts: a copy of
+        the model that loads them."""
         if self._shadow is None:
             self._shadow = copy.deepcopy(self.model)
             self._shadow.requires_grad_(False)
         self._shadow.load_state_dict(self.history[v])
         self._shadow.train(self.model.training)
-        return self._shadow
+        yield self._shadow
 
     def state(self) -> dict[str, Any]:
         """Resumable learner state (the model itself is saved as safetensors)."""

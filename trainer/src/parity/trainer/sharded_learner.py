@@ -16,21 +16,34 @@ the Learner reduces over the whole batch stays whole-batch:
 
 Parameters, gradients and AdamW's moments are sharded with FSDP2 (`fully_shard`): between
 steps a rank holds 1/N of each parameter (a DTensor), which is what AdamW steps, the trust
-region rescales and checkpoints save. The learner's forward (`LogprobFn`) calls the model
-in chunks and reads its head outside `forward`, and a rank's micro-batches are not every
-rank's, so FSDP's per-forward gathering would neither serve every read nor line the ranks'
-collectives up. The full weights are therefore gathered explicitly (`unshard`) once for a
-step's forwards and backwards and once for each later forward (trust region, update KL),
-and FSDP reduces the accumulated gradients once per step (manual backward finalization).
-FSDP refills the gathered storage in place without moving its version counter, and the
-aligned GEMMs prepare a weight again only when that counter moves (`parity.model.gemm`), so
-every gather marks the parameters changed: without it a rank computes with stale weights.
+region rescales and checkpoints save. Each decoder layer is an FSDP unit of its own: it is
+gathered around its forward (one call per model forward, whatever the chunks:
+`parity.model.decoder`) and again around its backward, where its gradient is
+reduce-scattered onto the shards; so a rank holds its shards plus about one layer whole.
+The rest (the embedding, which is also the tied head, and the final norm) is the root unit,
+gathered explicitly (`unshard`) for a step's forwards and backwards and for each later
+forward (the trust region, the update's KL), since the learner reads the head outside the
+model's forward; its gradient is reduced once per step (manual backward finalization).
 
-The recent versions' weights (the D3 history) are kept as each rank's shards and gathered
-when used: for publishing (every rank takes part; rank 0 puts them in the object store) and
-into a plain copy of the model for the D3 split's shadow forwards and a checkpoint's model.
-That copy is made before sharding with its parameters on the meta device: it costs nothing
-until used.
+Collectives must meet: every rank makes the same model calls in the same order. The ranks'
+micro-batch counts differ (their shares differ), so each rank's list is padded to the
+largest with empty micro-batches, on which a rank calls the model on two tokens and, in
+training, backwards zero (`_idle`); each model forward is one call per layer (chunks
+included), and a layer's input and output are one tensor each, so the backward's gathers
+and reductions come in layer order on every rank.
+
+A gathered layer's storage is refilled in place without moving its version counter, and
+the aligned GEMMs prepare a weight again only when that counter moves (`parity.model.gemm`):
+so every unit drops its weights' prepared copies when it gives up the gathered weights (a
+layer after its forward, the root in `_release`); without it a rank would compute with
+stale weights, and the copies would hold a whole model besides.
+
+The recent versions' weights (the D3 history) are kept as each rank's shards. The D3 split's
+shadow forwards run on the model itself, version v's shards copied into its own for the
+while (`_at_version`), gathered a layer at a time like every forward; publishing gathers a
+version whole (every rank takes part; rank 0 puts it in the object store), and so does a
+checkpoint's model, into a plain copy of the model made before sharding with its parameters
+on the meta device: it costs nothing until used.
 """
 
 from __future__ import annotations
@@ -48,8 +61,9 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 
-from parity.core.timing import COLLECTIVE
+from parity.core.timing import BACKWARD, COLLECTIVE, FORWARD
 from parity.core.types import Trajectory
+from parity.model.decoder import Layer
 from parity.model.devices import forget_prepared
 from parity.trainer.learner import Batch, Learner, LearnerSettings, LogprobFn, micro_batches
 
@@ -88,32 +102,37 @@ class ShardedLearner(Learner):
                 for p in model.parameters()}
         self._plain = copy.deepcopy(model, meta)
         device = next(model.parameters()).device.type  # FSDP's default is CUDA where visible
-        fully_shard(model, mesh=init_device_mesh(device, (self.ranks,)), reshard_after_forward=False)
+        mesh = init_device_mesh(device, (self.ranks,))
+        units = [m for m in model.modules() if isinstance(m, Layer)]
+        for layer in units:
+            fully_shard(layer, mesh=mesh, reshard_after_forward=True)
+            # before FSDP's own hook reshards: the module still holds the gathered weights
+            layer.register_forward_hook(_forget_gathered, prepend=True)
+        fully_shard(model, mesh=mesh, reshard_after_forward=False)
         assert isinstance(model, FSDPModule)
-        model.set_reshard_after_backward(False)  # gathered until the step's gradients are reduced
-        model.set_manual_backward_finalization(True)  # one reduction per step, whatever the share
-        model.set_gradient_divide_factor(1.0)  # the gradient's sum; the Learner divides by n_kept
-        model.set_force_sum_reduction_for_comms(True)  # gloo has no pre-multiplied sum
+        model.set_reshard_after_backward(False, recurse=False)  # the root: until `_reduce_grads`
+        model.set_manual_backward_finalization(True)  # the root's reduction: once per step
+        for unit in [*units, model]:
+            assert isinstance(unit, FSDPModule)
+            unit.set_gradient_divide_factor(1.0)  # the gradient's sum; the Learner divides by n_kept
+            unit.set_force_sum_reduction_for_comms(True)  # gloo has no pre-multiplied sum
         super().__init__(cfg, model, logprob_fn)
         if self.rank:  # rank 0 is the learner of the profile; the others are tracks of their own
             self.timeline.track = f"learner rank {self.rank}"
 
     def _gather(self) -> bool:
-        """Gather the full weights into the model (a collective) unless it holds them;
-        whether this call gathered them."""
+        """Gather the root unit's weights (a collective) unless it holds them; whether this
+        call gathered them. The layers gather their own around each forward and backward."""
         if self._unsharded:
             return False
         with self.clock.during(COLLECTIVE):
             self.model.unshard()
-        for p in self.model.parameters():  # refilled in place: see the module's docstring
-            torch.autograd.graph.increment_version(p)
         self._unsharded = True
         return True
 
     def _release(self) -> None:
-        """Back to this rank's shards: the full weights' storage is freed, and so are the
-        aligned GEMMs' prepared copies of them, which the next gather's version bump would
-        make stale anyway (they held a full copy of the weights between steps)."""
+        """Back to this rank's shards: the root's gathered storage is freed, and so are the
+        aligned GEMMs' prepared copies of it (see the module's docstring)."""
         forget_prepared(self.model.parameters())
         self.model.reshard()
         self._unsharded = False
@@ -123,13 +142,31 @@ class ShardedLearner(Learner):
         return super()._train_step(groups)
 
     def _micro_batches(self, b: Batch) -> list[list[int]]:
-        """This rank's share of `b` in micro-batches; records the share for `_owned_sum`."""
-        own = split_by_tokens(b.lengths, self.ranks)[self.rank]
+        """This rank's share of `b` in micro-batches, padded with empty ones to the most any
+        rank has (every rank computes every rank's count: no collective); records the share
+        for `_owned_sum`."""
+        budget = self.cfg.optim.micro_batch_tokens
+        shares = split_by_tokens(b.lengths, self.ranks)
+        counts = [len(micro_batches(b.lengths[s], budget)) if s else 0 for s in shares]
+        own = shares[self.rank]
         self._own = torch.zeros(len(b.lengths), dtype=torch.bool)
         self._own[own] = True
         self._batch = b
-        return [[own[i] for i in mb]
-                for mb in micro_batches(b.lengths[own], self.cfg.optim.micro_batch_tokens)]
+        mbs = [[own[i] for i in mb] for mb in micro_batches(b.lengths[own], budget)] if own else []
+        return mbs + [[] for _ in range(max(counts) - len(mbs))]
+
+    def _idle(self, train: bool) -> None:
+        """The model called on two tokens of the batch, and in training a zero backward from
+        them: the rank's layers meet the others' gathers and reductions, adding 0."""
+        assert self._batch is not None
+        longest = int(self._batch.lengths.argmax())
+        tokens = self._batch.packed([longest])[0][:2]
+        with self.clock.during(FORWARD):
+            lp = self.logprob_fn(self.model, tokens, [2], temperature=self.cfg.temperature,
+                                 chunk_size=self.cfg.optim.chunk_tokens)
+        if train:
+            with self.clock.during(BACKWARD):
+                (lp.sum() * 0).backward()
 
     def _sum(self, t: Tensor) -> Tensor:
         """`t` summed over the ranks (in place), timed as waiting on the group."""
@@ -148,12 +185,8 @@ class ShardedLearner(Learner):
         return self._owned_sum(logp_k), rejected == 0, float(loss_sum)
 
     def _reduce_grads(self) -> None:
-        """The step's gradient sums reduce-scattered onto the ranks' shards; back to shards."""
-        if not self._own.any() and self._batch is not None:
-            # a rank without a sequence of its own (fewer sequences than ranks) meets the
-            # others in the reduction with a zero gradient: 0 × the first sequence's
-            with self.clock.during(COLLECTIVE):
-                (self._logprobs(self.model, self._batch, [0]).sum() * 0).backward()
+        """The root's gradient sums reduce-scattered onto the ranks' shards (the layers' were
+        in their backwards); back to shards."""
         with self.clock.during(COLLECTIVE):
             self.model.finalize_backward()
         self._release()
@@ -169,8 +202,25 @@ class ShardedLearner(Learner):
     def _logprobs_at_versions(self, b: Batch, mbs: list[list[int]], logp_k: Tensor
                               ) -> tuple[Tensor, Tensor, float]:
         logp_v, known, share = super()._logprobs_at_versions(b, mbs, logp_k)
-        self._emptied()  # the last shadow version's weights
         return self._owned_sum(logp_v), self._owned_sum(known), share
+
+    @contextmanager
+    def _at_version(self, v: int) -> Iterator[nn.Module]:
+        """The model itself computing with version `v`'s weights: v's shards copied into its
+        own (the current ones kept aside) while the context lasts. Every rank enters it."""
+        self._release()  # the root's gathered weights are the current version's
+        params = dict(self.model.named_parameters())
+        kept = {k: p.to_local().clone() for k, p in params.items()}
+        try:
+            with torch.no_grad():
+                for k, p in params.items():
+                    p.to_local().copy_(self.history[v][k].to_local())
+            yield self.model
+        finally:
+            self._release()  # gathered by the forwards: version v's
+            with torch.no_grad():
+                for k, p in params.items():
+                    p.to_local().copy_(kept[k])
 
     def current_weights(self) -> dict[str, Tensor]:
         """The current version's weights, whole: the history keeps this rank's shards of each
@@ -205,9 +255,6 @@ class ShardedLearner(Learner):
         self._plain.load_state_dict({k: torch.empty_like(t, device="meta")
                                      for k, t in self._plain.state_dict().items()}, assign=True)
 
-    def _shadow_at(self, v: int) -> nn.Module:
-        return self._holding(self._whole_weights(self.history[v]))  # every rank forwards versions alike
-
     def _load_optimizer(self, optimizer: dict[str, Any]) -> None:
         """One learner's AdamW state dict (parameters by index), each rank taking its shards."""
         names = [n for n, _ in self.model.named_parameters()]
@@ -216,3 +263,9 @@ class ShardedLearner(Learner):
                                     for g in optimizer["param_groups"]]}
         set_optimizer_state_dict(self.model, self.opt, by_name,
                                  options=StateDictOptions(full_state_dict=True))
+
+
+def _forget_gathered(module: nn.Module, args: Any, output: Any) -> None:
+    """A layer's forward hook: drop the prepared copies of its gathered weights, which FSDP
+    is about to free (the module's docstring)."""
+    forget_prepared(module.parameters())

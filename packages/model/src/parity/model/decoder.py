@@ -4,10 +4,18 @@ One forward serves every caller: the learner's training forward, the engine's pr
 chunked prefill, prefix-cache continuation and decode. Callers differ only in the
 `KVStore` that turns each layer's new keys/values into the per-sequence key/value
 tensors attention reads.
+
+Each layer is a module called once per forward (`Layer.forward`), on all of the forward's
+rows; a forward may hold several calls (`Call`: the chunks of the learner's chunked
+forward), which every layer computes in order. A sharded learner's FSDP units are the
+layers: each gathers its weights once per forward and once per backward, whatever the
+number of calls, so ranks with different chunks still meet in the same collectives.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -70,6 +78,19 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
 
+@dataclass(frozen=True)
+class Call:
+    """One model call inside a forward: its `rows` of the forward's flat rows, how they split
+    into sequences (`layout`), the store their keys and values go to, and their rotary
+    tables (`cos`, `sin`: [rows, D])."""
+
+    rows: slice
+    layout: SeqLayout
+    kv: KVStore
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -81,8 +102,23 @@ class Attention(nn.Module):
         if cfg.qk_norm:
             self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.qk_norm = cfg.qk_norm
         self.heads, self.kv_heads, self.head_dim = hq, hkv, d
         self.scale = d**-0.5
+
+    def compute(self, k: Kernels, x: torch.Tensor, layer: int, c: Call) -> torch.Tensor:
+        n = x.shape[0]
+        q, key, v = k.linears(x, [(p.weight, p.bias) for p in (self.q_proj, self.k_proj, self.v_proj)])
+        q = q.view(n, self.heads, self.head_dim)
+        key = key.view(n, self.kv_heads, self.head_dim)
+        v = v.view(n, self.kv_heads, self.head_dim)
+        if self.qk_norm:
+            q = k.rms_norm(q, self.q_norm.weight, self.q_norm.eps)
+            key = k.rms_norm(key, self.k_norm.weight, self.k_norm.eps)
+        q, key = apply_rotary(q, c.cos, c.sin), apply_rotary(key, c.cos, c.sin)
+        keys, values = c.kv.update(layer, key, v, c.layout)
+        o = k.attention(q, keys, values, c.layout, self.scale)
+        return k.linear(o.reshape(n, -1), self.o_proj.weight, None)
 
 
 class MLP(nn.Module):
@@ -92,21 +128,39 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
+    def compute(self, k: Kernels, x: torch.Tensor) -> torch.Tensor:
+        gate, up = k.linears(x, [(self.gate_proj.weight, None), (self.up_proj.weight, None)])
+        return k.linear(k.silu_mul(gate, up), self.down_proj.weight, None)
+
 
 class Layer(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, index: int) -> None:
         super().__init__()
         self.self_attn = Attention(cfg)
         self.mlp = MLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.index = index
+
+    def forward(self, h: torch.Tensor, kernels: Kernels, calls: Sequence[Call]) -> torch.Tensor:
+        """The residual stream after this layer, for the rows of every call in `calls`, each
+        call computed after the ones before it (a later chunk attends to an earlier one's
+        keys)."""
+        if len(calls) == 1:
+            return self._call(h, kernels, calls[0])
+        return torch.cat([self._call(h[c.rows], kernels, c) for c in calls])
+
+    def _call(self, h: torch.Tensor, k: Kernels, c: Call) -> torch.Tensor:
+        ln1, ln2 = self.input_layernorm, self.post_attention_layernorm
+        h = h + self.self_attn.compute(k, k.rms_norm(h, ln1.weight, ln1.eps), self.index, c)
+        return h + self.mlp.compute(k, k.rms_norm(h, ln2.weight, ln2.eps))
 
 
 class Body(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(Layer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(Layer(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
@@ -155,42 +209,22 @@ class Decoder(nn.Module):
             return self.model.embed_tokens.weight
         return self.lm_head.weight
 
-    def _norm(self, norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
-        return self.kernels.rms_norm(x, norm.weight, norm.eps)
-
-    def _attention(
-        self, attn: Attention, x: torch.Tensor, layer: int, layout: SeqLayout, kv: KVStore,
-        cos: torch.Tensor, sin: torch.Tensor,
-    ) -> torch.Tensor:
-        n = x.shape[0]
-        q, k, v = self.kernels.linears(
-            x, [(p.weight, p.bias) for p in (attn.q_proj, attn.k_proj, attn.v_proj)]
-        )
-        q = q.view(n, attn.heads, attn.head_dim)
-        k = k.view(n, attn.kv_heads, attn.head_dim)
-        v = v.view(n, attn.kv_heads, attn.head_dim)
-        if self.config.qk_norm:
-            q = self._norm(attn.q_norm, q)
-            k = self._norm(attn.k_norm, k)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        keys, values = kv.update(layer, k, v, layout)
-        o = self.kernels.attention(q, keys, values, layout, attn.scale)
-        return self.kernels.linear(o.reshape(n, -1), attn.o_proj.weight, None)
-
-    def forward(self, tokens: torch.Tensor, layout: SeqLayout, kv: KVStore) -> torch.Tensor:
-        """Final-norm hidden states [N, hidden] for the flat token rows `tokens` [N]."""
-        cos, sin = self.rope.lookup(layout.positions)
+    def forward(self, tokens: torch.Tensor, layout: SeqLayout | None = None,
+                kv: KVStore | None = None, *,
+                calls: Sequence[tuple[slice, SeqLayout, KVStore]] | None = None) -> torch.Tensor:
+        """Final-norm hidden states [N, hidden] for the flat token rows `tokens` [N]: one
+        call (`layout`, `kv`) over all rows, or `calls`, each (rows, layout, kv) computed in
+        order by every layer (the chunks of a chunked forward, rows back to back)."""
+        if calls is None:
+            if layout is None or kv is None:
+                raise TypeError("Decoder.forward needs a layout and a KVStore, or calls")
+            calls = [(slice(0, tokens.shape[0]), layout, kv)]
+        plan = [Call(r, lay, store, *self.rope.lookup(lay.positions)) for r, lay, store in calls]
         h = self.model.embed_tokens(tokens).to(self.compute_dtype)
-        for i, layer in enumerate(self.model.layers):
-            a = self._attention(
-                layer.self_attn, self._norm(layer.input_layernorm, h), i, layout, kv, cos, sin
-            )
-            h = h + a
-            x = self._norm(layer.post_attention_layernorm, h)
-            mlp = layer.mlp
-            gate, up = self.kernels.linears(x, [(mlp.gate_proj.weight, None), (mlp.up_proj.weight, None)])
-            h = h + self.kernels.linear(self.kernels.silu_mul(gate, up), mlp.down_proj.weight, None)
-        return self._norm(self.model.norm, h)
+        for layer in self.model.layers:
+            h = layer(h, self.kernels, plan)
+        norm = self.model.norm
+        return self.kernels.rms_norm(h, norm.weight, norm.eps)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.kernels.linear(hidden, self.lm_head_weight, None)

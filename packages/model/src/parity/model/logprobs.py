@@ -68,18 +68,20 @@ def packed_logprobs(
         keep = torch.ones(tokens.shape[0], dtype=torch.bool).index_fill_(0, last, False)
         idx = keep.nonzero().squeeze(-1)
         return _gather(model.logprobs(hidden[idx], temperature), tokens[idx + 1])
-    pieces = []
-    starts = itertools.accumulate(lengths, initial=0)
-    for start, n in zip(starts, lengths, strict=False):  # starts has one more: the end
-        kv, done = DenseKV(), 0
-        while done < n:
+    # one model call whose calls are every sequence's chunks: each layer computes them in
+    # order, a chunk after the ones it attends to (a sharded learner gathers a layer once)
+    calls, heads = [], []  # heads: (a chunk's first row, the next tokens of its rows)
+    for start, n in zip(itertools.accumulate(lengths, initial=0), lengths, strict=False):
+        kv = DenseKV()
+        for done in range(0, n, chunk_size):
             m = min(chunk_size, n - done)
-            layout = SeqLayout.from_lengths([m], [done])
-            hidden = model(tokens[start + done : start + done + m], layout, kv)
+            calls.append((slice(start + done, start + done + m), SeqLayout.from_lengths([m], [done]), kv))
             nxt = tokens[start + done + 1 : start + min(done + m + 1, n)]  # never past its end
             if len(nxt):  # a last chunk of one token has none (an empty GEMM fails backward)
-                pieces.append(_gather(model.logprobs(hidden[: len(nxt)], temperature), nxt))
-            done += m
+                heads.append((start + done, nxt))
+    hidden = model(tokens, calls=calls)
+    # the vocabulary projection a chunk at a time: bounded logits for long episodes
+    pieces = [_gather(model.logprobs(hidden[r : r + len(nxt)], temperature), nxt) for r, nxt in heads]
     return torch.cat(pieces) if pieces else torch.zeros(0)
 
 
