@@ -4,9 +4,10 @@
     uv run python scripts/learner_memory.py --ranks 2
 
 Each rank is a process of its own, set up as a learner actor sets itself up (`place_process`,
-one thread), in a gloo group when --ranks > 1 (the `ShardedLearner`, FSDP2). The model is a
-cut of the Qwen2-0.5B shape to --layers layers (2: 166M parameters, 136M of them the tied
-embedding), fp32, aligned kernels, random weights; the learner is the default config's. The
+one thread), in a gloo group when --ranks > 1 (the `ShardedLearner`, FSDP2). The model is
+the Qwen2-0.5B shape (494M parameters, 136M of them the tied embedding; --layers cuts it),
+fp32, aligned kernels, random weights; the learner is the default config's. One learner of
+the whole shape peaks at about 23 GiB. The
 batch: --seqs sequences of --tokens random tokens in groups of 2, rewards 0 and 1, whose μ
 is the model's own logprobs (a forward before the update, as an aligned rollout's). Prints
 each rank's peak RSS (ru_maxrss) in GiB after each of --updates updates that AdamW applied:
@@ -68,7 +69,7 @@ def _rank(rank: int, args: argparse.Namespace, store: str) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--ranks", type=int, default=1)
-    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--layers", type=int, default=QWEN2_0_5B.num_hidden_layers)
     p.add_argument("--seqs", type=int, default=8)
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--updates", type=int, default=2,
