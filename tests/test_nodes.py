@@ -124,3 +124,24 @@ def test_train_refuses_a_mixed_cluster_then_measures_it_when_told(mixed_cluster,
                            backend_factory=backends.engine_backend, episode_factory=episodes)
     assert summary["updates"] == 2 and summary["node_mismatch"] == 1
     assert summary["is/d3_mismatch_max"] > 0
+
+
+def test_train_refuses_learner_ranks_on_nodes_that_disagree(mixed_cluster, model_dir, tmp_path):
+    """Each learner rank computes its own sequences' logprobs, so every rank's node is probed:
+    two ranks spread over the two nodes, and the run stops before any update naming both."""
+    from parity.trainer import backends
+    from parity.trainer.nodes import NodeMismatchError
+    from parity.trainer.train import run_training
+
+    cfg = _cfg(model_dir, mixed_cluster.address, "error")
+    cfg = cfg.model_copy(update={
+        "learner": cfg.learner.model_copy(update={"ranks": 2, "num_cpus": 0.5,
+                                                  "placement": "spread"}),
+        "rollout": cfg.rollout.model_copy(update={"num_cpus_per_worker": 0.5})})
+    with pytest.raises(NodeMismatchError) as e:
+        run_training(cfg, tmp_path / "refused", backend_factory=backends.engine_backend,
+                     episode_factory=episodes)
+    sides = str(e.value).split("; versus ")
+    assert len(sides) == 2
+    side = {r: [i for i, s in enumerate(sides) if f"learner rank {r} on" in s] for r in (0, 1)}
+    assert len(side[0]) == len(side[1]) == 1 and side[0] != side[1]  # a rank on each side

@@ -80,7 +80,7 @@ class Fleet:
         self.updates: dict[Any, tuple[int, float]] = {}  # ref -> (worker, when it was sent)
         self.weights: tuple[list[Any], int] = ([], 0)  # ([object ref], version) last published
         self.model_config = _parity_config(model_dir) if cfg.model.kernels == "aligned" else None
-        self.learner_probe: dict[str, Any] | None = None
+        self.learner_probes: list[dict[str, Any]] | None = None
         self.started = False  # every actor has been up once: _make_worker is a restart
 
     # -- start-up -------------------------------------------------------------------------
@@ -166,13 +166,16 @@ class Fleet:
         (`train.node_mismatch = "warn"`: it warns and trains on; is/d3_mismatch measures it)."""
         if self.model_config is None:
             return
-        if self.learner_probe is None:
-            probe = self.learner_call(self.learner.node_probe.remote(self.model_config))
-            self.learner_probe = {**probe, "role": "learner"}
+        if self.learner_probes is None:  # every rank: each computes its own sequences' logprobs
+            ranks = handles(self.learner)
+            got = self.learner_call([a.node_probe.remote(self.model_config) for a in ranks],
+                                    timeout=self.cfg.train.start_timeout_s)
+            roles = ["learner"] if len(ranks) == 1 else [f"learner rank {r}" for r in range(len(ranks))]
+            self.learner_probes = [{**p, "role": role} for p, role in zip(got, roles, strict=True)]
         probes = [{**p, "role": role} for p, (role, _) in zip(
             self.ray.get([a.node_probe.remote(self.model_config) for _, a in workers],
                          timeout=self.cfg.train.start_timeout_s), workers, strict=True)]
-        problem = disagreement([self.learner_probe, *probes])
+        problem = disagreement([*self.learner_probes, *probes])
         if problem is None:
             return
         if self.cfg.train.node_mismatch == "error":

@@ -5,7 +5,7 @@ NCCL for GPU tensors when each rank has a GPU), each a `ShardedLearner`
 The driver holds the group's TCPStore (every rank can reach it, whichever node it lands
 on); the ranks meet there when they start. `LearnerGroup` is the fleet's learner handle: a
 call runs on every rank, which meet in its collectives, and answers with rank 0's result;
-node probes and placement ask rank 0 alone. Publishing gathers the weights from every rank's
+placement asks rank 0 alone (the fleet probes every rank's node: `handles`). Publishing gathers the weights from every rank's
 shards onto each (FSDP's parameters are sharded) and rank 0 alone puts them in the object
 store, so weights cross to the rollout workers once per version, not once per rank.
 """
@@ -30,7 +30,7 @@ from parity.trainer.sharded_learner import ShardedLearner
 if TYPE_CHECKING:
     from ray.util.placement_group import PlacementGroup
 
-RANK0_ONLY = frozenset({"node_probe", "placement"})
+RANK0_ONLY = frozenset({"placement"})
 
 
 class LearnerRank(LearnerActor):
