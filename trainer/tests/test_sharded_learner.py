@@ -79,17 +79,19 @@ def _run(learner: Learner) -> dict[str, Any]:
     return out
 
 
-def _aligned(learner_class: type[Learner], chunk_tokens: int | None = None) -> dict[str, Any]:
+def _aligned(learner_class: type[Learner], chunk_tokens: int | None = None,
+             dtype: torch.dtype = torch.float32) -> dict[str, Any]:
     """The parity decoder's (aligned kernels, random weights) logprobs of uneven sequences as
     `learner_class` computes them for a batch, under θ_0 and, after an update, under θ_1;
     θ_1's from a fresh decoder loaded with those weights (a learner that computed with
     stale prepared weights would differ); then a step on θ_0's rollouts at version 1 (the D3
     split's shadow forward of θ_0) and the weights after it. Micro-batches of 6 tokens: the
-    ranks' counts differ; `chunk_tokens` runs each sequence's forward in chunks."""
+    ranks' counts differ; `chunk_tokens` runs each sequence's forward in chunks; `dtype` is
+    what the decoder computes in (its parameters fp32 masters)."""
     torch.manual_seed(0)
     optim = SECTIONS["optim"] | {"chunk_tokens": chunk_tokens}
     cfg = LearnerSettings.of(TrainConfig.model_validate(SECTIONS | {"optim": optim}))
-    learner = learner_class(cfg, Decoder(SMALL, "aligned"), aligned_logprobs)
+    learner = learner_class(cfg, Decoder(SMALL, "aligned", dtype), aligned_logprobs)
     seqs = [list(range(3, 3 + n)) for n in (17, 5, 30, 9, 12, 2)]
 
     def groups(mu: Tensor) -> list[list[Trajectory]]:  # rewards 0 and 1; μ: rows [B, W]
@@ -102,7 +104,7 @@ def _aligned(learner_class: type[Learner], chunk_tokens: int | None = None) -> d
     learner.train_step(groups(out["θ_0"]))  # μ: θ_0's own, as aligned rollouts'
     out["prepared after a step"] = len(gemm._PREPARED)  # a rank's: none
     out["θ_1"] = learner._forward_all(b, learner._micro_batches(b), "lp")
-    fresh = Decoder(SMALL, "aligned")
+    fresh = Decoder(SMALL, "aligned", dtype)
     fresh.load_state_dict(learner.current_weights())
     one = Learner(CFG, fresh, aligned_logprobs)
     out["θ_1 fresh"] = one._forward_all(b, one._micro_batches(b), "lp")
@@ -151,6 +153,7 @@ def _rank(rank: int, port: int, tmp: str) -> None:
     out["resumed"] = get_optimizer_state_dict(again.model, again.opt, options=WHOLE)
     out["aligned"] = _aligned(ShardedLearner)
     out["aligned, chunked"] = _aligned(ShardedLearner, chunk_tokens=4)
+    out["aligned, bf16"] = _aligned(ShardedLearner, dtype=torch.bfloat16)
     out["from one learner"] = _resumed_from_one_learner()
     torch.save(out, tmp_path / f"rank{rank}.pt")
     member.train_step(_groups(TinyLM(), 1))
@@ -212,6 +215,7 @@ def test_more_ranks_than_the_cluster_holds_fail_at_once_naming_the_keys() -> Non
 def test_two_ranks_compute_one_learners_logprobs_and_update(ranks) -> None:
     one = _run(Learner(CFG, TinyLM(), packed_logprobs))
     aligned = _aligned(Learner)
+    aligned_bf16 = _aligned(Learner, dtype=torch.bfloat16)
     _, results = ranks
     for r in results:
         a, again = r["runs"]
@@ -228,15 +232,16 @@ def test_two_ranks_compute_one_learners_logprobs_and_update(ranks) -> None:
         assert worst <= UPDATE_BOUND
         assert _equal(a["last"], again["last"])  # the same N and seed: bit for bit
         assert a["metrics"] == again["metrics"]
-        for a in (r["aligned"], r["aligned, chunked"]):  # the real kernels, layer by layer
-            assert torch.equal(a["θ_0"], aligned["θ_0"])
+        for a, one_learner in ((r["aligned"], aligned), (r["aligned, chunked"], aligned),
+                               (r["aligned, bf16"], aligned_bf16)):  # the real kernels, by layer
+            assert torch.equal(a["θ_0"], one_learner["θ_0"])
             assert torch.equal(a["θ_1"], a["θ_1 fresh"])  # not stale
             assert a["prepared after a step"] == 0  # each layer's copies went with its weights
             lagged = a["lagged step"]
             assert lagged["is/d3_mismatch"] == 0.0 and lagged["is/d3_share"] == 1.0
             assert lagged["lag/mean"] == 1.0  # the split's shadow forward ran, on θ_0
             worst = max(float((a["θ_2 weights"][k] - v).abs().max())
-                        for k, v in aligned["θ_2 weights"].items())
+                        for k, v in one_learner["θ_2 weights"].items())
             print(f"decoder: max |θ(2 ranks) − θ(1 rank)| after two steps: {worst:.3g}")
             assert worst <= DECODER_BOUND
         print(f"resumed from one learner, after a step: {r['from one learner']:.3g}")
