@@ -81,6 +81,11 @@ def test_stacked_linears_follow_in_place_weight_changes(nq, nk, k):
     got = ALIGNED.linears(x, [(wq, bq), (wk, bk)])
     want = ALIGNED.linears(x, [(wq.clone(), bq), (wk.clone(), bk)])
     assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    with torch.no_grad():
+        bk.add_(1)  # the stacked bias is kept with the weight: a bias changed alone counts too
+    got = ALIGNED.linears(x, [(wq, bq), (wk, bk)])
+    want = ALIGNED.linears(x, [(wq.clone(), bq.clone()), (wk.clone(), bk.clone())])
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
 
 
 def test_forgotten_prepared_weights_are_dropped_and_made_again_alike():

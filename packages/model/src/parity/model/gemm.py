@@ -115,28 +115,31 @@ def _operand(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return t.detach().to(dtype).to(_operand_dtype(dtype))
 
 
-# first weight of a stack -> (identity, version and storage of each weight and the dtype when
-# prepared, the prepared stacked weight)
+# first weight of a stack -> (identity, version and storage of each weight and bias and the
+# dtype when prepared, the prepared stacked weight, the stacked bias)
 _PREPARED: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
-def _prepared(ws: Sequence[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+def _prepared(ws: Sequence[torch.Tensor], bs: Sequence[torch.Tensor | None], dtype: torch.dtype
+              ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The weights rounded to `dtype` (`_operand`), stacked by output and, for fp32 operands
-    on oneDNN, reordered for ROW_TILE-row inputs; made again after any of them changes in
-    place. Seen: changes
-    that bump a tensor's version counter (copy_ and other in-place ops, load_state_dict,
-    torch.optim's default and foreach steps) or swap its storage. Not seen: in-place writes
-    through `.data` and `torch.optim.AdamW(fused=True)`, which leave the counter alone."""
-    key = (dtype, *((id(w), w._version, w.data_ptr()) for w in ws))
+    on oneDNN, reordered for ROW_TILE-row inputs, and their biases stacked likewise (zeros
+    where a weight has none; None if none has one); made again after any of them changes in
+    place. Seen: changes that bump a tensor's version counter (copy_ and other in-place ops,
+    load_state_dict, torch.optim's default and foreach steps) or swap its storage. Not seen:
+    in-place writes through `.data` and `torch.optim.AdamW(fused=True)`, which leave the
+    counter alone. Cached because a decode step makes hundreds of these calls: stacking
+    the biases again each time cost more than a third of an 8-row QKV GEMM."""
+    key = (dtype, *(None if t is None else (id(t), t._version, t.data_ptr()) for t in (*ws, *bs)))
     hit = _PREPARED.get(ws[0])
     if hit is None or hit[0] != key:
         with torch.no_grad():
             w = torch.cat([_operand(w, dtype) for w in ws]) if len(ws) > 1 else _operand(ws[0], dtype)
             if _on_onednn(dtype) and not _native(dtype):
                 w = torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), ROW_TILE)
-        hit = key, w
+            hit = key, w, _stacked_bias(ws, bs, dtype)
         _PREPARED[ws[0]] = hit
-    return hit[1]
+    return hit[1], hit[2]
 
 
 def forget(weights: Iterable[torch.Tensor]) -> None:
@@ -160,7 +163,7 @@ def _forward(flat: torch.Tensor, ws: Sequence[torch.Tensor], bs: Sequence[torch.
     computed in fp32 on flat's values and the weights rounded to flat's dtype; the result is
     rounded to flat's dtype."""
     dtype = flat.dtype
-    w, b = _prepared(ws, dtype), _stacked_bias(ws, bs, dtype)
+    w, b = _prepared(ws, bs, dtype)
     if _native(dtype):  # calls of BF16_ROWS rows (the last ROW_TILE..BF16_ROWS): one kernel
         parts = [gemm(w.shape[0], F.linear, flat[i:i + BF16_ROWS], w, b)
                  for i in range(0, flat.shape[0], BF16_ROWS)]
