@@ -173,7 +173,10 @@ def _reserve(cfg: TrainConfig) -> PlacementGroup:
     import ray
 
     lc, t = cfg.learner, cfg.train.start_timeout_s
-    pg = ray.util.placement_group([_bundle(cfg)] * lc.ranks, strategy=lc.placement.upper())
+    # STRICT_SPREAD: Ray's SPREAD is best effort and may put two ranks on one node even when
+    # another node could hold one (it did on CI), which would break the one-rank-per-node promise.
+    strategy = {"pack": "PACK", "spread": "STRICT_SPREAD"}[lc.placement]
+    pg = ray.util.placement_group([_bundle(cfg)] * lc.ranks, strategy=strategy)
     if pg.wait(timeout_seconds=t):
         return pg
     ray.util.remove_placement_group(pg)  # Ray would go on waiting for the resources
