@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 
 from parity.engine import Engine, EngineConfig, SamplingParams
-from parity.engine.kv_cache import DenseBatch, KVPool
-from parity.model import token_logprobs
+from parity.engine.kv_cache import DenseBatch, KVPool, PagedKV
+from parity.model import SeqLayout, token_logprobs
 
 
 def _prompts(n: int, length: int, seed: int = 0) -> list[list[int]]:
@@ -78,3 +78,20 @@ def test_the_fused_kernel_reads_the_pool_in_place(model):
         learner = token_logprobs(model, torch.tensor([prompts[i] + outs[i].token_ids]), 1.0)
         assert torch.equal(torch.tensor(outs[i].logprobs, dtype=torch.float32),
                            learner[0, 69:])
+
+
+def test_blocks_larger_than_a_key_tile_are_read_whole(model):
+    """vLLM's CPU cache uses blocks of 128 keys, two of the kernel's key tiles: a call whose
+    padded length (192 keys here) ends inside a block still reads that block's keys, and the
+    hidden states are the bits of 64-key blocks (failed when the table was cut to L // 128
+    blocks: the first sequence's second block had no entry)."""
+    tokens = torch.tensor(_prompts(1, 140, seed=4)[0] + _prompts(1, 100, seed=5)[0])
+    hidden = {}
+    for bs, tables in ((64, [[1, 2, 3], [4, 5]]), (128, [[1, 2], [3]])):
+        pool = KVPool(model.config, num_blocks=6, block_size=bs, dtype=torch.float32)
+        layout = SeqLayout.from_lengths([140, 100])
+        kv = PagedKV.build(pool, tables, layout, in_place=True)
+        with torch.no_grad():
+            hidden[bs] = model(tokens, layout, kv)
+    assert model.reads_paged and layout.max_kv_len == 192
+    assert torch.equal(hidden[64], hidden[128])

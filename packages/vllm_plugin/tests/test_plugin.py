@@ -37,17 +37,19 @@ def model() -> Decoder:
     return m
 
 
-def _vllm_caches(layers: int, blocks: int, kv_heads: int, d: int) -> list[torch.Tensor]:
+def _vllm_caches(layers: int, blocks: int, kv_heads: int, d: int, block: int = BLOCK
+                 ) -> list[torch.Tensor]:
     """vLLM's CPU cache per layer: [blocks, Hkv, block_size, 2·D], zeroed as vLLM allocates."""
-    return [torch.zeros(blocks, kv_heads, BLOCK, 2 * d) for _ in range(layers)]
+    return [torch.zeros(blocks, kv_heads, block, 2 * d) for _ in range(layers)]
 
 
 @settings(max_examples=12, deadline=None)
 @given(data=st.data())
 def test_any_split_into_steps_gives_the_learners_bits(model: Decoder, data: st.DataObject) -> None:
     """Sequences fed to vLLM's cache in chunks (prefill, chunked prefill, decode, continuing
-    a cached prefix), with the running batch kept dense between steps or gathered at every
-    step, give hidden states equal to the learner's whole-sequence forward."""
+    a cached prefix), with the running batch kept dense between steps, gathered at every
+    step, or read in place by the fused kernel (also from vLLM's default blocks of 128 keys,
+    two key tiles), give hidden states equal to the learner's whole-sequence forward."""
     cfg = model.config
     lengths = data.draw(st.lists(st.integers(1, 150), min_size=1, max_size=4), "lengths")
     tokens = [torch.randint(0, cfg.vocab_size, (n,), generator=torch.Generator().manual_seed(n))
@@ -56,7 +58,9 @@ def test_any_split_into_steps_gives_the_learners_bits(model: Decoder, data: st.D
         ref = model.forward(torch.cat(tokens), SeqLayout.from_lengths(lengths), DenseKV())
     ref_rows = torch.split(ref, lengths)
     # each sequence its own blocks (block 0 stays vLLM's null block), shuffled as a pool is
-    per_seq = [-(-n // BLOCK) for n in lengths]
+    in_place = model.reads_paged and data.draw(st.booleans(), "in place")
+    block = data.draw(st.sampled_from([BLOCK, 2 * BLOCK] if in_place else [BLOCK]), "block")
+    per_seq = [-(-n // block) for n in lengths]
     order = torch.randperm(sum(per_seq), generator=torch.Generator().manual_seed(1)) + 1
     tables = torch.zeros(len(lengths), max(per_seq) + 1, dtype=torch.int32)
     at = 0
@@ -64,7 +68,7 @@ def test_any_split_into_steps_gives_the_learners_bits(model: Decoder, data: st.D
         tables[s, :k] = order[at:at + k]
         at += k
     pool = VllmCache(_vllm_caches(cfg.num_hidden_layers, sum(per_seq) + 1, cfg.kv_heads,
-                                  cfg.dim_per_head))
+                                  cfg.dim_per_head, block))
     dense = DenseBatch(pool, 2**30) if data.draw(st.booleans(), "dense") else None
     done = [0] * len(lengths)
     got: list[list[torch.Tensor]] = [[] for _ in lengths]
@@ -72,7 +76,7 @@ def test_any_split_into_steps_gives_the_learners_bits(model: Decoder, data: st.D
         live = [s for s, n in enumerate(lengths) if done[s] < n]
         step = [data.draw(st.integers(1, lengths[s] - done[s]), f"chunk {s}") for s in live]
         layout = SeqLayout.from_lengths(step, [done[s] for s in live])
-        kv = PagedKV.build(pool, tables[live], layout, dense, live)
+        kv = PagedKV.build(pool, tables[live], layout, dense, live, in_place=in_place)
         with torch.no_grad():
             out = model.forward(torch.cat([tokens[s][done[s]:done[s] + k]
                                            for s, k in zip(live, step, strict=True)]), layout, kv)

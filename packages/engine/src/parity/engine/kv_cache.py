@@ -148,7 +148,7 @@ class PagedKV:
             rebuild = dense.claim(seq_ids, offsets, length)
         if rebuild is None:
             dense = None
-        n_blocks = length // bs
+        n_blocks = -(-length // bs)  # a block may hold several key tiles (vLLM's 128 rows)
         if isinstance(tables, torch.Tensor):
             padded = tables[: len(layout.lengths), :n_blocks].long()
             padded = torch.nn.functional.pad(padded, (0, n_blocks - padded.shape[1]))

@@ -182,8 +182,9 @@ class Server:
             from parity.vllm_plugin import aligned_architecture, check_vllm_version
 
             check_vllm_version(vllm.__version__)  # PluginError: rebuild the environment
-            # parity's decoder under vLLM's scheduler; its keys are read a tile of 64 at a
-            # time, which whole blocks of 64 serve without a copy
+            # parity's decoder under vLLM's scheduler, on blocks of one key tile (64): the
+            # gathering fallback needs blocks that divide a tile, and the fused kernel, which
+            # takes whole tiles per block too, ran no faster on vLLM's CPU default of 128
             aligned = {"hf_overrides": {"architectures": [
                 aligned_architecture((config.get("architectures") or ["?"])[0])]},
                 "block_size": 64}
