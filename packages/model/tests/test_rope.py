@@ -55,3 +55,16 @@ def test_rotation_and_its_gradient_are_the_formulas():
     bf = apply_rotary(x.detach().bfloat16(), cos, sin)  # bf16: the fp32 math, rounded once
     assert bf.dtype == torch.bfloat16
     assert torch.equal(bf, apply_rotary(x.detach().bfloat16().float(), cos, sin).bfloat16())
+
+
+def test_a_column_slice_rotates_as_its_copy():
+    """Queries and keys are column slices of the stacked QKV output, rows apart: read in
+    place (no copy), they give the bits of their contiguous copies (failed when the C call
+    took rows to be heads × d apart)."""
+    g = torch.Generator().manual_seed(1)
+    qkv = torch.randn(9, (4 + 2 + 2) * 64, generator=g)
+    cos, sin = RotaryTable(CFG).lookup(torch.arange(9) * 3)
+    q, k = qkv[:, :256].view(9, 4, 64), qkv[:, 256:384].view(9, 2, 64)
+    assert not q.is_contiguous() and not k.is_contiguous()
+    for x in (q, k):
+        assert torch.equal(apply_rotary(x, cos, sin), apply_rotary(x.contiguous(), cos, sin))

@@ -80,12 +80,13 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def _rope_c(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    x = x.contiguous()
-    y = torch.empty_like(x)
     n, heads, d = x.shape
+    if x.stride(2) != 1 or x.stride(1) != d:  # rows may be apart (a slice of the QKV output)
+        x = x.contiguous()
+    y = torch.empty(x.shape, dtype=x.dtype)
     cos, sin = cos.reshape(n, d).contiguous(), sin.reshape(n, d).contiguous()
-    rowwise.c_library().parity_rope(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), y.data_ptr(),
-                                    n, heads, d, rowwise.c_threads(x.numel()))
+    rowwise.c_library().parity_rope(x.data_ptr(), x.stride(0), cos.data_ptr(), sin.data_ptr(),
+                                    y.data_ptr(), n, heads, d, rowwise.c_threads(x.numel()))
     return y
 
 

@@ -55,16 +55,17 @@ void parity_silu_mul(const float *gate, int64_t gate_ld, const float *up, int64_
 }
 
 /* Rotary embedding, rotate-half convention: x, y [rows, heads, d] and cos, sin [rows, d] fp32
- * (d a multiple of 32): y = x * cos + rotate_half(x) * sin, rotate_half(x) = (-x2, x1). */
-void parity_rope(const float *x, const float *cos, const float *sin, float *y, int64_t rows,
-                 int64_t heads, int64_t d, int64_t threads) {
+ * (d a multiple of 32): y = x * cos + rotate_half(x) * sin, rotate_half(x) = (-x2, x1). x's
+ * rows are x_ld values apart (a column slice of the stacked QKV output), its heads d apart. */
+void parity_rope(const float *x, int64_t x_ld, const float *cos, const float *sin, float *y,
+                 int64_t rows, int64_t heads, int64_t d, int64_t threads) {
     const int64_t half = d / 2;
 #pragma omp parallel num_threads(threads)
     {
         const int64_t t = omp_get_thread_num();
         for (int64_t r = rows * t / threads; r < rows * (t + 1) / threads; r++)
             for (int64_t h = 0; h < heads; h++) {
-                const float *xr = x + (r * heads + h) * d, *c = cos + r * d, *s = sin + r * d;
+                const float *xr = x + r * x_ld + h * d, *c = cos + r * d, *s = sin + r * d;
                 float *yr = y + (r * heads + h) * d;
                 for (int64_t i = 0; i < half; i += 16) {
                     const v16 x1 = *(const v16u *)(xr + i), x2 = *(const v16u *)(xr + half + i);
