@@ -44,10 +44,12 @@ OBS_MODES = ("a11y_tree", "screenshot", "screenshot_a11y_tree", "som")
 MAX_TEXT = 65536
 EVAL_SETTLE_S = 20.0
 """How long evaluation waits at most for the desktop to go idle (a loaded machine saves slowly)."""
-TREE_SETTLE_S, TREE_POLL_S = 5.0, 0.2
+TREE_SETTLE_S, TREE_POLL_S, TREE_WAIT_S = 5.0, 0.2, 20.0
 """At reset the tree is read until two reads `TREE_POLL_S` apart agree, for at most
 `TREE_SETTLE_S`: Firefox builds a page's accessible objects only when first asked, after its
-screen has gone still, and a reset must return the same observation for the same task."""
+screen has gone still, and a reset must return the same observation for the same task. A
+`TREE_APPS` app's rows are waited for up to `TREE_WAIT_S`: on a loaded machine GIMP's window
+showed before its tree, and two equal reads without it are not yet settled."""
 TREE_APPS = frozenset({"libreoffice_calc", "libreoffice_writer", "pcmanfm", "firefox", "mousepad", "gimp", "vlc",
                        "thunderbird", "chromium"})
 """Real apps that export their widgets through AT-SPI: a reset whose task's first app is one of
@@ -279,15 +281,23 @@ class DesktopEnv(gym.Env):
         agree on, and a DesktopDeadError if the task's app has lost its tree."""
         assert self.client is not None and self.task is not None
         start = time.monotonic()
+        app = self.task.related_apps[0] if self.task.related_apps else None
+        needs_tree = settle and self.atspi and app in TREE_APPS
+
+        def settled(rows: list[dict]) -> bool:
+            return not needs_tree or any(r["class"] == "atspi" for r in rows)
+
         rows = self.client.accessibility()
-        while settle and time.monotonic() - start < TREE_SETTLE_S:
+        while settle:
+            waited = time.monotonic() - start
+            if waited >= TREE_WAIT_S or (waited >= TREE_SETTLE_S and settled(rows)):
+                break
             time.sleep(TREE_POLL_S)
             rows, last = self.client.accessibility(), rows
-            if rows == last:
+            if rows == last and settled(rows):
                 break
         timing["tree_s"] = time.monotonic() - start
-        app = self.task.related_apps[0] if self.task.related_apps else None
-        if settle and self.atspi and app in TREE_APPS and not any(r["class"] == "atspi" for r in rows):
+        if not settled(rows):
             raise DesktopDeadError(f"task {self.task.id}: {app}'s window has no accessibility tree "
                                    "(AT-SPI answers for none of it)")
         return rows
