@@ -288,10 +288,7 @@ class DesktopEnv(gym.Env):
             return not needs_tree or any(r["class"] == "atspi" for r in rows)
 
         rows = self.client.accessibility()
-        while settle:
-            waited = time.monotonic() - start
-            if waited >= TREE_WAIT_S or (waited >= TREE_SETTLE_S and settled(rows)):
-                break
+        while settle and time.monotonic() - start < (TREE_SETTLE_S if settled(rows) else TREE_WAIT_S):
             time.sleep(TREE_POLL_S)
             rows, last = self.client.accessibility(), rows
             if rows == last and settled(rows):

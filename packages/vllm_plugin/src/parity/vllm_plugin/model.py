@@ -38,13 +38,6 @@ from parity.vllm_plugin import PluginError
 DENSE_KV_BYTES = 2**30  # the running batch's keys and values kept dense (as engine.dense_kv_mib)
 
 
-def block_sizes(in_place: bool) -> str:
-    """The vLLM block sizes parity's attention reads: in place (the fused kernel), whole key
-    tiles per block, vLLM's CPU default of 128 among them; gathered, blocks that divide a
-    tile."""
-    return f"a multiple of {KV_TILE}" if in_place else f"a divisor of {KV_TILE}"
-
-
 class VllmCache:
     """vLLM's paged CPU cache, every layer, as a pool parity's `PagedKV` and `DenseBatch`
     read (`parity.engine.kv_cache.KVPool`'s protocol): `caches[layer]` [blocks, Hkv,
@@ -91,9 +84,12 @@ class ParityForCausalLM(Decoder):
             super().__init__(cfg, "aligned", dtype=dtype)
         self.to(dtype)
         block_size = vllm_config.cache_config.block_size
+        # read in place (the fused kernel): whole key tiles per block, vLLM's CPU default of
+        # 128 among them; gathered: blocks that divide a tile
         if (block_size % KV_TILE) if self.reads_paged else (KV_TILE % block_size):
+            fits = "a multiple" if self.reads_paged else "a divisor"
             raise PluginError(f"vLLM's block_size {block_size} does not fit parity's key tile "
-                              f"({KV_TILE}): start vLLM with {block_sizes(self.reads_paged)}")
+                              f"({KV_TILE}): start vLLM with {fits} of {KV_TILE}")
         # one per layer: vLLM allocates its cache and builds its metadata (a plain list, not
         # submodules: no parameters of vLLM's among parity's)
         self.attn_names = [f"{prefix}{'.' if prefix else ''}model.layers.{i}.self_attn.attn"
