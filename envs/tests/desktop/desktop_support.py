@@ -51,7 +51,8 @@ def check_solutions(env: DesktopEnv, task_id: str) -> None:
     wrong, _ = play(env, task_id, "wrong")
     assert (oracle, wrong) == (1.0, 0.0), f"{task_id}: the oracle scored {oracle}, the wrong solution {wrong}"
     for timing in timings[1:]:
-        assert set(timing) == {"parse_s", "action_s", "settle_s", "screenshot_s", "eval_s", "step_s"}
+        assert set(timing) == {"parse_s", "action_s", "settle_s", "screenshot_s", "eval_s", "overhead_s", "step_s"}
+        assert timing["overhead_s"] >= 0
     assert timings[-1]["eval_s"] > 0 and timings[-2]["eval_s"] == 0.0
 
 

@@ -422,7 +422,7 @@ def test_bench_desktop_times_each_phase_per_app_and_each_concurrency_level(tasks
     assert (s["episodes"], s["success_rate"], s["failed"], list(r["by_app"])) == (2, 1.0, [], ["files", "mousepad"])
     assert r["wrong"] == {"episodes": 2, "scored_above_zero": []}
     steps = sum(len(t.solutions["oracle"]) + 1 for t in load_tasks() if t.id in tasks)  # + DONE
-    assert s["steps"] == steps and sum(s["breakdown_share"][p] for p in PHASES) == pytest.approx(1.0, abs=0.02)
+    assert s["steps"] == steps and sum(s["breakdown_share"][p] for p in PHASES) == pytest.approx(1.0, abs=1e-9)
     assert all(a["reset_p50_s"] > 0 and a["breakdown_mean_s"]["settle_s"] > 0 for a in r["by_app"].values())
     assert r["fixed_sleep"]["tasks"] == ["files-rename"] and r["fixed_sleep"]["step_p50_s"] >= 2.0
     (light,) = r["concurrency"]

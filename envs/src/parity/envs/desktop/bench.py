@@ -20,7 +20,7 @@ from .env import DesktopEnv
 from .solutions import play
 from .tasks import load_tasks
 
-PHASES = ("parse_s", "action_s", "settle_s", "screenshot_s", "tree_s", "eval_s")
+PHASES = ("parse_s", "action_s", "settle_s", "screenshot_s", "tree_s", "marks_s", "eval_s", "overhead_s")
 RESET_PHASES = ("sandbox_s", "reset_s", "setup_s", "screenshot_s", "tree_s")
 TK_APPS = ("files", "textedit", "sheet", "settings")
 """The repo's small Tk apps: the concurrency levels up to 32 desktops play their tasks."""

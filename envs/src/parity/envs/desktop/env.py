@@ -15,7 +15,8 @@ or `max_steps`). If the desktop dies (X server, sandbox), the episode terminates
 and `info["failure"]`; the next reset starts a fresh sandbox. A reset whose real app shows no
 accessibility tree (AT-SPI lost it) replaces the desktop once, then raises DesktopDeadError.
 `env.last_timing` after each step holds parse_s, action_s, settle_s, screenshot_s, tree_s,
-eval_s and step_s (seconds); after reset it holds sandbox_s, reset_s, setup_s, screenshot_s,
+eval_s, overhead_s (the rest: HTTP round trips, Python between the phases) and step_s, their
+sum (seconds); after reset it holds sandbox_s, reset_s, setup_s, screenshot_s,
 tree_s. (Not in `info`: gymnasium's checker requires info to be deterministic.)
 """
 
@@ -56,6 +57,13 @@ TREE_APPS = frozenset({"libreoffice_calc", "libreoffice_writer", "pcmanfm", "fir
 them and whose tree has no AT-SPI row has lost the desktop's tree (the registry died or forgot
 its apps), and the desktop is replaced. Not Impress: its first window is drawn before its tree
 is filled in."""
+
+
+def _close(timing: dict[str, float], t0: float) -> None:
+    """Set a step's `step_s` (its wall time since `t0`) and `overhead_s`, the part no phase
+    measured (HTTP round trips, Python between phases), so that the phases sum to the step."""
+    timing["step_s"] = time.monotonic() - t0
+    timing["overhead_s"] = timing["step_s"] - sum(v for k, v in timing.items() if k not in ("step_s", "overhead_s"))
 
 
 class DesktopEnv(gym.Env):
@@ -208,7 +216,7 @@ class DesktopEnv(gym.Env):
             obs = self._observe(feedback, timing)
         except DesktopDeadError as e:
             return self._fail(str(e), timing, t0)
-        timing["step_s"] = time.monotonic() - t0
+        _close(timing, t0)
         return obs, reward, terminated, truncated, info
 
     def _check_marks(self, used: tuple[int, ...]) -> None:
@@ -247,7 +255,7 @@ class DesktopEnv(gym.Env):
         log = self.sandbox.log_tail(500) if self.sandbox is not None else ""
         self._drop_desktop()
         self.done = True
-        timing["step_s"] = time.monotonic() - t0
+        _close(timing, t0)
         self.last_timing = timing
         obs = self._blank(f"error: the desktop failed: {reason}")
         return obs, 0.0, True, False, {"task_id": self.task.id if self.task else None,
