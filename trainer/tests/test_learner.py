@@ -121,34 +121,57 @@ def test_update_kl_is_how_far_the_update_moved_the_policy_on_its_batch() -> None
     assert "kl/update" not in Learner(_cfg(), TinyLM(), packed_logprobs).train_step(g0)
 
 
-def test_the_trust_region_shrinks_a_large_update_and_its_momentum() -> None:
-    """Above optim.max_update_kl the bounded step is θ0 + s·(θ − θ0) of the free step and
-    Adam's momentum s times the free one, s = √(bound / KL) with KL the free update's on the
-    sample; under it (or at 0) the step is the free one, bit for bit."""
-    def run(**optim) -> tuple[Learner, dict[str, float]]:
-        torch.manual_seed(0)
-        model = TinyLM()
-        learner = Learner(_cfg(optim=optim), model, packed_logprobs)
-        return learner, learner.train_step(_groups(model, version=0))
+def _bounded_run(**optim) -> tuple[Learner, dict[str, float]]:
+    torch.manual_seed(0)
+    model = TinyLM()
+    learner = Learner(_cfg(optim=optim), model, packed_logprobs)
+    return learner, learner.train_step(_groups(model, version=0))
 
-    free, _ = run(max_update_kl=0)
-    loose, m_loose = run(max_update_kl=1e6)
-    assert m_loose["trust/scale"] == 1.0 and m_loose["kl/update_sampled"] > 0
-    for p, q in zip(free.model.parameters(), loose.model.parameters(), strict=True):
-        assert torch.equal(p, q)
-    assert "trust/scale" not in run(max_update_kl=0)[1]
 
-    bound = m_loose["kl/update_sampled"] / 16  # the same sample, the same free step: s = 1/4
-    tight, m = run(max_update_kl=bound)
-    assert m["kl/update_sampled"] == m_loose["kl/update_sampled"]
-    assert m["trust/scale"] == pytest.approx(0.25, rel=1e-12)
+def _assert_shrunk(free: Learner, bounded: Learner, s: float) -> None:
+    """`bounded`'s weights are θ0 + s·(θ − θ0) of `free`'s step and its momentum s times
+    the free one's (second moments untouched)."""
     torch.manual_seed(0)
     theta0 = list(TinyLM().parameters())
-    for p0, p, q in zip(theta0, free.model.parameters(), tight.model.parameters(), strict=True):
-        torch.testing.assert_close(q, p0 + 0.25 * (p - p0), rtol=0, atol=1e-7)
-        torch.testing.assert_close(tight.opt.state[q]["exp_avg"],
-                                   0.25 * free.opt.state[p]["exp_avg"], rtol=1e-6, atol=0)
-    assert torch.equal(tight.opt.state[q]["exp_avg_sq"], free.opt.state[p]["exp_avg_sq"])
+    for p0, p, q in zip(theta0, free.model.parameters(), bounded.model.parameters(), strict=True):
+        torch.testing.assert_close(q, p0 + s * (p - p0), rtol=0, atol=3e-7)  # a few lerps
+        torch.testing.assert_close(bounded.opt.state[q]["exp_avg"], s * free.opt.state[p]["exp_avg"],
+                                   rtol=1e-6, atol=0)
+        assert torch.equal(bounded.opt.state[q]["exp_avg_sq"], free.opt.state[p]["exp_avg_sq"])
+
+
+def test_the_trust_region_shrinks_a_large_update_and_its_momentum() -> None:
+    """Above optim.max_update_kl the bounded step is θ0 + s·(θ − θ0) of the free step and
+    Adam's momentum s times the free one, s about √(bound / KL) with KL the free update's on
+    the sample, and the sample's KL after it within the bound; under it (or at 0) the step
+    is the free one, bit for bit."""
+    free, _ = _bounded_run(max_update_kl=0)
+    loose, m_loose = _bounded_run(max_update_kl=1e6)
+    assert m_loose["trust/scale"] == 1.0 and m_loose["kl/update_sampled"] > 0
+    assert m_loose["kl/update_bounded"] == m_loose["kl/update_sampled"]
+    for p, q in zip(free.model.parameters(), loose.model.parameters(), strict=True):
+        assert torch.equal(p, q)
+    assert "trust/scale" not in _bounded_run(max_update_kl=0)[1]
+
+    bound = m_loose["kl/update_sampled"] / 16  # the same sample, the same free step
+    tight, m = _bounded_run(max_update_kl=bound)
+    assert m["kl/update_sampled"] == m_loose["kl/update_sampled"]
+    assert m["kl/update_bounded"] <= bound and 0.2 < m["trust/scale"] <= 0.25
+    _assert_shrunk(free, tight, m["trust/scale"])
+
+
+def test_the_trust_region_shrinks_a_far_step_until_the_sample_is_within_the_bound() -> None:
+    """A step that moved the policy far (lr 1.0) is past where the KL is quadratic in it: one
+    shrink by √(bound / KL) leaves the sample's KL above the bound, so it is measured and
+    shrunk again until it is within (as one shrink alone, the region let it through)."""
+    free, m_free = _bounded_run(max_update_kl=1e6, lr=1.0)
+    bound = 0.05
+    assert m_free["kl/update_sampled"] > 10 * bound
+    far, m = _bounded_run(max_update_kl=bound, lr=1.0)
+    assert m["kl/update_sampled"] == m_free["kl/update_sampled"]
+    assert m["kl/update_bounded"] <= bound
+    assert m["trust/scale"] < (bound / m["kl/update_sampled"]) ** 0.5
+    _assert_shrunk(free, far, m["trust/scale"])
 
 
 def test_the_split_recomputes_a_sampled_share_of_older_sequences() -> None:

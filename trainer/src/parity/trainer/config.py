@@ -181,12 +181,15 @@ class OptimSection(StrictModel):
                                         "update: when it moved the policy by more than this "
                                         "(k2 KL on a sample of its own batch, "
                                         "update_kl_share), the step and Adam's momentum are "
-                                        "shrunk towards the weights before it by "
-                                        "√(bound / KL). Unset: 0.1 in async, where a step "
+                                        "shrunk towards the weights before it, by "
+                                        "√(bound / KL) first, measured again after each "
+                                        "shrink (up to 4) until the sample is within the "
+                                        "bound. Unset: 0.1 in async, where a step "
                                         "trains on data sampled before the last updates and "
                                         "cannot see what they did (docs/benchmarks-async.md), "
                                         "off in sync; 0: off. Costs a copy of the weights "
-                                        "and a forward of the sample per update")
+                                        "and a forward of the sample per update (one more "
+                                        "per shrink)")
     update_kl_share: float = Field(0.125, gt=0, le=1, description="share of the batch's "
                                    "sequences that max_update_kl measures the update on")
     chunk_tokens: int | None = Field(None, ge=1, description="long episodes: run each "

@@ -49,6 +49,9 @@ from parity.trainer.loss import group_advantages, lr_at, reinforce_zero_loss, vc
 LogprobFn = Callable[..., Tensor]  # (model, tokens [N] packed, lengths: list[int],
 #                                    temperature=, chunk_size=) -> [N - B] packed
 
+TRUST_TRIES = 4
+"""At most this many shrinks of one update by the trust region (each measured again)."""
+
 
 @dataclass
 class Batch(TokenBatch):
@@ -305,22 +308,38 @@ class Learner:
         updates took the policy over a cliff, and Adam's momentum carries it on
         (docs/benchmarks-async.md); so the update's KL is measured on a sample of its own
         batch (`update_kl_share`, drawn from the version's seed) and, above the bound,
-        θ ← θ_k + s·(θ − θ_k) and Adam's m ← s·m with s = √(bound / KL)."""
+        θ ← θ_k + r·(θ − θ_k) and Adam's m ← r·m with r = (bound / KL)^(1/a): a = 2 first
+        (the KL is quadratic in the step near θ_k), then the exponent the last shrink
+        measured (between 0.5 and 2), up to TRUST_TRIES shrinks until the sample's KL is
+        within the bound: a step that went far is past the quadratic part, and one shrink
+        by √(bound / KL) left it above the bound. `trust/scale` is the product of the
+        shrinks, `kl/update_bounded` the sample's KL after them."""
         o = self.cfg.optim
         n = len(b.lengths)
         rows = self._sample(list(range(n)), o.update_kl_share)
-        lp = self._forward_all(b, mbs, "update KL (trust region)", rows)
         keep = torch.zeros(n, 1, dtype=b.mask.dtype)
         keep[sorted(rows)] = 1
-        kl = kl_k2(lp - logp_k, b.mask * keep)
-        s = min(1.0, math.sqrt(o.max_update_kl / kl)) if kl > 0 else 1.0
-        if s < 1.0:
+
+        def sampled_kl() -> float:
+            lp = self._forward_all(b, mbs, "update KL (trust region)", rows)
+            return kl_k2(lp - logp_k, b.mask * keep)
+
+        first = kl = sampled_kl()
+        scale, exponent = 1.0, 2.0
+        for _ in range(TRUST_TRIES):
+            if not kl > o.max_update_kl:
+                break
+            r = (o.max_update_kl / kl) ** (1 / exponent)
             with torch.no_grad():
                 for p, p0 in zip(self.model.parameters(), before, strict=True):
-                    p.lerp_(p0, 1.0 - s)
+                    p.lerp_(p0, 1.0 - r)
                     if "exp_avg" in self._moments(p):
-                        self._moments(p)["exp_avg"].mul_(s)
-        return {"kl/update_sampled": kl, "trust/scale": s}
+                        self._moments(p)["exp_avg"].mul_(r)
+            scale *= r
+            kl, last = sampled_kl(), kl
+            if 0 < kl < last:
+                exponent = min(2.0, max(0.5, math.log(last / kl) / -math.log(r)))
+        return {"kl/update_sampled": first, "kl/update_bounded": kl, "trust/scale": scale}
 
     def _update_kl(self, b: Batch, mbs: list[list[int]], logp_k: Tensor) -> float:
         """k2 KL between the weights before and after this update, on the batch's tokens."""

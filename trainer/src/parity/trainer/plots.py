@@ -17,10 +17,10 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-# kl/update and kl/update_sampled are opt-in (train.track_update_kl, optim.max_update_kl);
+# kl/update and kl/update_sampled/bounded are opt-in (train.track_update_kl, optim.max_update_kl);
 # the D3 split needs train.track_mismatch: a key no record has is left out
 IS_KEYS = ("is/d3", "is/d3_mismatch", "is/d3_lag", "kl/rollout_learner", "kl/update",
-           "kl/update_sampled")
+           "kl/update_sampled", "kl/update_bounded")
 
 
 def write_plots(recs: list[dict[str, Any]], spans: list[Span], out: Path, *,

@@ -241,7 +241,7 @@ def summarize(recs: list[dict[str, Any]]) -> dict[str, Any]:
     }
     for k in ("is/d3", "is/d3_mismatch", "is/d3_lag", "kl/rollout_learner", "lag/mean",
               "lag/max", "gate/rejected_frac", "is/ess_frac", "kl/update", "kl/update_sampled",
-              "trust/scale"):
+              "kl/update_bounded", "trust/scale"):
         vals = [r[k] for r in recs if k in r]
         if vals:
             out[f"{k}/mean"] = sum(vals) / len(vals)
