@@ -8,7 +8,9 @@ import torch
 
 from parity.engine import Engine, EngineConfig, SamplingParams
 from parity.engine.kv_cache import DenseBatch, KVPool, PagedKV
+from parity.engine.shapes import random_model
 from parity.model import SeqLayout, token_logprobs
+from parity.model.rope import apply_rotary, rotate_and_store
 
 
 def _prompts(n: int, length: int, seed: int = 0) -> list[list[int]]:
@@ -95,3 +97,35 @@ def test_blocks_larger_than_a_key_tile_are_read_whole(model):
             hidden[bs] = model(tokens, layout, kv)
     assert model.reads_paged and layout.max_kv_len == 192
     assert torch.equal(hidden[64], hidden[128])
+
+
+def test_rope_and_the_pool_writes_in_one_call_give_their_bits() -> None:
+    """Where RoPE is a C call (head dim 64, the embedded model's), the paged store rotates
+    the queries and writes the rotated keys and the values into the pool in one C call: the
+    queries and the pool are those of `apply_rotary` then `update`, and the engine's logprobs
+    the learner's (both failed when the C call scaled the values by 1 + 1e-7)."""
+    model = random_model("tiny", "aligned", seed=0)
+    cfg = model.config
+    hq, hkv, d = cfg.num_attention_heads, cfg.kv_heads, cfg.dim_per_head
+    layout = SeqLayout.from_lengths([3, 5], [70, 0])
+    n = layout.positions.shape[0]
+    qkv = torch.randn(n, (hq + 2 * hkv) * d, generator=torch.Generator().manual_seed(0))
+    q, k, v = (t.view(n, -1, d) for t in qkv.split([hq * d, hkv * d, hkv * d], -1))
+    cos, sin = model.rope.lookup(layout.positions)
+    got, want = (KVPool(cfg, num_blocks=5, block_size=64, dtype=torch.float32) for _ in range(2))
+    tables = [[3, 1], [2]]
+    kv = PagedKV.build(got, tables, layout, in_place=True)
+    assert rotate_and_store(q, k, v, cos, sin, got.k[1].view(-1, d), got.v[1].view(-1, d),
+                            kv.slots) is not None  # the one-call path serves this layout
+    q_rot, _, _ = kv.rotate_and_update(0, q, k, v, cos, sin, layout)
+    PagedKV.build(want, tables, layout, in_place=True).update(
+        0, apply_rotary(k, cos, sin), v, layout)
+    assert torch.equal(q_rot, apply_rotary(q, cos, sin))
+    assert torch.equal(got.k[0], want.k[0]) and torch.equal(got.v[0], want.v[0])
+
+    prompts = _prompts(4, 20, seed=6)
+    params = [SamplingParams(max_new_tokens=12, seed=i) for i in range(4)]
+    _, outs = _run(model, prompts, params, dense_kv_mib=64)
+    for p, out in zip(prompts, outs, strict=True):
+        learner = token_logprobs(model, torch.tensor([p + out.token_ids]), 1.0)[0, 19:]
+        assert torch.equal(torch.tensor(out.logprobs, dtype=torch.float32), learner)

@@ -9,6 +9,7 @@ import torch
 
 from parity.model import ModelConfig, SeqLayout
 from parity.model.layout import PagedKeys
+from parity.model.rope import apply_rotary, rotate_and_store
 
 
 class KVPool:
@@ -165,20 +166,41 @@ class PagedKV:
                     + layout.positions[:, None]).flatten()
         return cls(pool, slots, slabs, dense, rows, bool(rebuild))
 
+    def rotate_and_update(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
+        sin: torch.Tensor, layout: SeqLayout
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """RoPE on `q` and `k`, then `update` (the KVStore protocol's optional step): where
+        attention reads the pool in place, one C call rotates the queries and writes the
+        rotated keys and the values into the pool (`rope.rotate_and_store`), the bits of
+        `apply_rotary` and `update` without their dozen torch calls per layer."""
+        if self.table is not None:
+            (ks, k_at, _), (vs, v_at, _) = self.pool.stores(layer)
+            d = self.pool.head_dim
+            q_rot = rotate_and_store(q, k, v, cos, sin, ks.view(-1, d)[k_at:],
+                                     vs.view(-1, d)[v_at:], self.slots)
+            if q_rot is not None:
+                return q_rot, *self._in_place(layer, layout.max_kv_len)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        return q, *self.update(layer, k, v, layout)
+
+    def _in_place(self, layer: int, length: int) -> tuple[PagedKeys, PagedKeys]:
+        """The layer's keys and values where they lie in the pool, for attention to read."""
+        hkv, bs, d = len(self.pool.heads), self.pool.block_size, self.pool.head_dim
+        keys = [PagedKeys(store.view(-1, hkv, self.pool.stride, bs, d)[:, :, at_slab],
+                          self.table, length) for store, _, at_slab in self.pool.stores(layer)]
+        return keys[0], keys[1]
+
     def update(
         self, layer: int, k: torch.Tensor, v: torch.Tensor, layout: SeqLayout
     ) -> tuple[torch.Tensor, torch.Tensor]:
         s, n = len(layout.lengths), layout.max_kv_len
         hkv, bs, d = len(self.pool.heads), self.pool.block_size, self.pool.head_dim
         if self.table is not None:  # write the new rows; attention reads the pool in place
-            keys = []
-            for (store, at_slot, at_slab), new in zip(self.pool.stores(layer), (k, v),
-                                                      strict=True):
+            for (store, at_slot, _), new in zip(self.pool.stores(layer), (k, v), strict=True):
                 slots = self.slots + at_slot if at_slot else self.slots
                 store.view(-1, d).index_copy_(0, slots, new.to(store.dtype).reshape(-1, d))
-                blocks = store.view(-1, hkv, self.pool.stride, bs, d)[:, :, at_slab]
-                keys.append(PagedKeys(blocks, self.table, n))
-            return keys[0], keys[1]
+            return self._in_place(layer, n)
         held = self.dense.layer(layer, s * hkv * n * d) if self.dense is not None else (None, None)
         out = []
         for (store, at_slot, at_slab), new, buf in zip(self.pool.stores(layer), (k, v), held,

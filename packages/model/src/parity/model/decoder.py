@@ -38,6 +38,11 @@ class KVStore(Protocol):
     positions at or past a sequence's kv_len must hold finite values (zeros are fine).
     A paged store may instead return them as `PagedKeys`, left in its pool, when
     `Decoder.reads_paged` says attention reads them in place.
+
+    A store may also define `rotate_and_update(layer, q, k, v, cos, sin, layout)` ->
+    (rotated queries, keys, values), taking keys before RoPE: `apply_rotary` on q and k,
+    then `update`, with their bits, in fewer calls (the engine's paged store: one C call
+    per layer where attention reads the pool in place).
     """
 
     def update(
@@ -115,8 +120,12 @@ class Attention(nn.Module):
         if self.qk_norm:
             q = k.rms_norm(q, self.q_norm.weight, self.q_norm.eps)
             key = k.rms_norm(key, self.k_norm.weight, self.k_norm.eps)
-        q, key = apply_rotary(q, c.cos, c.sin), apply_rotary(key, c.cos, c.sin)
-        keys, values = c.kv.update(layer, key, v, c.layout)
+        rotate = getattr(c.kv, "rotate_and_update", None)
+        if rotate is not None:
+            q, keys, values = rotate(layer, q, key, v, c.cos, c.sin, c.layout)
+        else:
+            q, key = apply_rotary(q, c.cos, c.sin), apply_rotary(key, c.cos, c.sin)
+            keys, values = c.kv.update(layer, key, v, c.layout)
         o = k.attention(q, keys, values, c.layout, self.scale)
         return k.linear(o.reshape(n, -1), self.o_proj.weight, None)
 

@@ -119,3 +119,33 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
         return _rope_c(x, cos, sin)
     y = x * cos + _rotate_half(x) * sin
     return y if y.dtype == x.dtype else y.to(x.dtype)
+
+
+def rotate_and_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
+                     sin: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor,
+                     slots: torch.Tensor) -> torch.Tensor | None:
+    """`apply_rotary` on queries and keys and a paged cache's writes as one C call: q [N, Hq,
+    D], k and v [N, Hkv, D] the column slices of one fp32 QKV output (rows apart, heads
+    back to back); the rotated keys and the values go to rows `slots` [N * Hkv] of `k_rows`
+    and `v_rows` (fp32 [rows, D], contiguous), pair (row, KV head) by pair. Returns the
+    rotated queries [N, Hq, D], with the bits `apply_rotary` gives them (the same C
+    rotation, `rope_head`), or None where this call does not serve (the caller rotates and
+    writes as usual): another dtype or layout, gradients, or no C library."""
+    n, hq, d = q.shape
+    hkv = k.shape[1]
+    ld, four = q.stride(0), q.element_size()
+    if not (q.dtype == k_rows.dtype == v_rows.dtype == torch.float32 and d % 32 == 0
+            and cos.shape[1] == 1 and q.device.type == "cpu" and rowwise.serves_c(cos, sin)
+            and not (torch.is_grad_enabled() and q.requires_grad)
+            and q.stride()[1:] == (d, 1) and k.stride() == v.stride() == q.stride()
+            and k.data_ptr() == q.data_ptr() + hq * d * four
+            and v.data_ptr() == k.data_ptr() + hkv * d * four
+            and k_rows.is_contiguous() and v_rows.is_contiguous()):
+        return None
+    out = torch.empty(n, hq, d)
+    cos, sin = cos.reshape(n, d).contiguous(), sin.reshape(n, d).contiguous()
+    rowwise.c_library().parity_rope_store(
+        q.data_ptr(), ld, cos.data_ptr(), sin.data_ptr(), n, hq, hkv, d, out.data_ptr(),
+        k_rows.data_ptr(), v_rows.data_ptr(), slots.data_ptr(),
+        rowwise.c_threads(n * (hq + 2 * hkv) * d))
+    return out

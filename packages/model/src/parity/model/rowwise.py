@@ -38,7 +38,8 @@ def c_library() -> ctypes.CDLL | None:
     p, i, f = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
     for name, args in (("parity_rms_norm", [p, p, f, p, p, i, i, i]),
                        ("parity_silu_mul", [p, i, p, i, p, i, i, i]),
-                       ("parity_rope", [p, i, p, p, p, i, i, i, i])):
+                       ("parity_rope", [p, i, p, p, p, i, i, i, i]),
+                       ("parity_rope_store", [p, i, p, p, i, i, i, i, p, p, p, p, i])):
         fn = getattr(dll, name)
         fn.argtypes, fn.restype = args, None
     return dll
