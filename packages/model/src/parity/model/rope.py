@@ -140,7 +140,8 @@ def rotate_and_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: tor
             and q.stride()[1:] == (d, 1) and k.stride() == v.stride() == q.stride()
             and k.data_ptr() == q.data_ptr() + hq * d * four
             and v.data_ptr() == k.data_ptr() + hkv * d * four
-            and k_rows.is_contiguous() and v_rows.is_contiguous()):
+            and k_rows.is_contiguous() and v_rows.is_contiguous()
+            and slots.dtype == torch.int64 and slots.is_contiguous()):
         return None
     out = torch.empty(n, hq, d)
     cos, sin = cos.reshape(n, d).contiguous(), sin.reshape(n, d).contiguous()
