@@ -175,20 +175,23 @@ class PagedKV:
         rotated keys and the values into the pool (`rope.rotate_and_store`), the bits of
         `apply_rotary` and `update` without their dozen torch calls per layer."""
         if self.table is not None:
-            (ks, k_at, _), (vs, v_at, _) = self.pool.stores(layer)
+            stores = self.pool.stores(layer)
+            (ks, k_at, _), (vs, v_at, _) = stores
             d = self.pool.head_dim
             q_rot = rotate_and_store(q, k, v, cos, sin, ks.view(-1, d)[k_at:],
                                      vs.view(-1, d)[v_at:], self.slots)
             if q_rot is not None:
-                return q_rot, *self._in_place(layer, layout.max_kv_len)
+                return q_rot, *self._in_place(stores, layout.max_kv_len)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         return q, *self.update(layer, k, v, layout)
 
-    def _in_place(self, layer: int, length: int) -> tuple[PagedKeys, PagedKeys]:
-        """The layer's keys and values where they lie in the pool, for attention to read."""
+    def _in_place(self, stores: list[tuple[torch.Tensor, int, int]], length: int
+                  ) -> tuple[PagedKeys, PagedKeys]:
+        """A layer's keys and values (its `pool.stores`) where they lie in the pool, for
+        attention to read."""
         hkv, bs, d = len(self.pool.heads), self.pool.block_size, self.pool.head_dim
         keys = [PagedKeys(store.view(-1, hkv, self.pool.stride, bs, d)[:, :, at_slab],
-                          self.table, length) for store, _, at_slab in self.pool.stores(layer)]
+                          self.table, length) for store, _, at_slab in stores]
         return keys[0], keys[1]
 
     def update(
@@ -197,10 +200,11 @@ class PagedKV:
         s, n = len(layout.lengths), layout.max_kv_len
         hkv, bs, d = len(self.pool.heads), self.pool.block_size, self.pool.head_dim
         if self.table is not None:  # write the new rows; attention reads the pool in place
-            for (store, at_slot, _), new in zip(self.pool.stores(layer), (k, v), strict=True):
+            stores = self.pool.stores(layer)
+            for (store, at_slot, _), new in zip(stores, (k, v), strict=True):
                 slots = self.slots + at_slot if at_slot else self.slots
                 store.view(-1, d).index_copy_(0, slots, new.to(store.dtype).reshape(-1, d))
-            return self._in_place(layer, n)
+            return self._in_place(stores, n)
         held = self.dense.layer(layer, s * hkv * n * d) if self.dense is not None else (None, None)
         out = []
         for (store, at_slot, at_slab), new, buf in zip(self.pool.stores(layer), (k, v), held,

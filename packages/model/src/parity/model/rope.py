@@ -79,12 +79,25 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
 
 
+def _rotates_in_c(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+    """Whether RoPE on x [N, H, D] (fp32 or bf16) is the C rotation: a function of the
+    machine, the dtype and the head dim, so every caller of a shape takes the same path."""
+    return (x.dim() == 3 and x.shape[-1] % 32 == 0 and cos.shape[1] == 1
+            and x.dtype in (torch.float32, torch.bfloat16) and x.device.type == "cpu"
+            and rowwise.serves_c(cos, sin))
+
+
+def _table_rows(cos: torch.Tensor, sin: torch.Tensor, n: int, d: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [N, 1, D] as the [N, D] rows the C calls read."""
+    return cos.reshape(n, d).contiguous(), sin.reshape(n, d).contiguous()
+
+
 def _rope_c(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     n, heads, d = x.shape
     if x.stride(2) != 1 or x.stride(1) != d:  # rows may be apart (a slice of the QKV output)
         x = x.contiguous()
     y = torch.empty(x.shape, dtype=x.dtype)
-    cos, sin = cos.reshape(n, d).contiguous(), sin.reshape(n, d).contiguous()
+    cos, sin = _table_rows(cos, sin, n, d)
     rowwise.c_library().parity_rope(x.data_ptr(), x.stride(0), cos.data_ptr(), sin.data_ptr(),
                                     y.data_ptr(), n, heads, d, rowwise.c_threads(x.numel()))
     return y
@@ -109,9 +122,7 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     fp32 table (cos, sin [N, 1, D]) and rounded once to x's dtype. In fp32 and bf16 on a CPU
     with the row-wise C ops (`parity.model.rowwise`), one C call in fp32: every caller of that
     dtype and head dim on the machine takes it."""
-    if (x.dim() == 3 and x.shape[-1] % 32 == 0 and cos.shape[1] == 1
-            and x.dtype in (torch.float32, torch.bfloat16) and x.device.type == "cpu"
-            and rowwise.serves_c(cos, sin)):
+    if _rotates_in_c(x, cos, sin):
         if x.dtype == torch.bfloat16:  # the same fp32 math on its values, rounded once
             return apply_rotary(x.float(), cos, sin).to(x.dtype)
         if torch.is_grad_enabled() and x.requires_grad:
@@ -134,8 +145,7 @@ def rotate_and_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: tor
     n, hq, d = q.shape
     hkv = k.shape[1]
     ld, four = q.stride(0), q.element_size()
-    if not (q.dtype == k_rows.dtype == v_rows.dtype == torch.float32 and d % 32 == 0
-            and cos.shape[1] == 1 and q.device.type == "cpu" and rowwise.serves_c(cos, sin)
+    if not (q.dtype == k_rows.dtype == v_rows.dtype == torch.float32 and _rotates_in_c(q, cos, sin)
             and not (torch.is_grad_enabled() and q.requires_grad)
             and q.stride()[1:] == (d, 1) and k.stride() == v.stride() == q.stride()
             and k.data_ptr() == q.data_ptr() + hq * d * four
@@ -144,7 +154,7 @@ def rotate_and_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: tor
             and slots.dtype == torch.int64 and slots.is_contiguous()):
         return None
     out = torch.empty(n, hq, d)
-    cos, sin = cos.reshape(n, d).contiguous(), sin.reshape(n, d).contiguous()
+    cos, sin = _table_rows(cos, sin, n, d)
     rowwise.c_library().parity_rope_store(
         q.data_ptr(), ld, cos.data_ptr(), sin.data_ptr(), n, hq, hkv, d, out.data_ptr(),
         k_rows.data_ptr(), v_rows.data_ptr(), slots.data_ptr(),
