@@ -175,9 +175,16 @@ class Learner:
         """`model`'s logprobs of sequences `idx`, one packed forward (each sequence in
         chunks with optim.chunk_tokens), in their rows [len(idx), W]."""
         tokens, lengths = b.packed(idx)
-        lp = self.logprob_fn(model, tokens, lengths, temperature=self.cfg.temperature,
+        return b.rows(self._score(model, tokens, lengths), idx)
+
+    def _score(self, model: nn.Module, tokens: Tensor, lengths: list[int]) -> Tensor:
+        """`logprob_fn` of packed `tokens` on `model`'s device (a GPU learner's), the packed
+        logprobs back on the CPU, where the batch and the loss are: the copy is
+        differentiable, so the backward crosses back to the model's device."""
+        device = next(model.parameters()).device
+        lp = self.logprob_fn(model, tokens.to(device), lengths, temperature=self.cfg.temperature,
                              chunk_size=self.cfg.optim.chunk_tokens)
-        return b.rows(lp, idx)
+        return lp.to("cpu")
 
     def train_step(self, groups: list[list[Trajectory]]) -> dict[str, float]:
         """One update on complete groups; returns the step's learner metrics."""

@@ -3,12 +3,13 @@ writes checkpoints that are complete model directories."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from parity.core.timing import CHECKPOINTING, PUBLISHING, Span
 from parity.core.types import Trajectory
@@ -17,6 +18,9 @@ from parity.trainer.config import TrainConfig
 from parity.trainer.driver_state import DriverState
 from parity.trainer.learner import Learner, LearnerSettings, LogprobFn
 from parity.trainer.nodes import place_process
+
+if TYPE_CHECKING:
+    import torch
 
 TOKENIZER_FILES = ("tokenizer", "special_tokens_map", "vocab.", "merges.txt", "chat_template",
                    "added_tokens", "generation_config")
@@ -29,6 +33,28 @@ class ModelIO:
     load: Callable[[str, str], Any]  # (model dir, kernels) -> nn.Module
     save: Callable[[Any, Path], None]  # (model, dir): HF safetensors dir
     logprobs: LogprobFn
+
+
+class LearnerDeviceError(RuntimeError):
+    """The learner was given GPUs (learner.num_gpus > 0) that its process cannot use."""
+
+
+def learner_device(num_gpus: float) -> torch.device:
+    """Where the learner computes: the first of its GPUs when `learner.num_gpus` > 0 (Ray
+    makes an actor's GPUs its only visible ones, so that is cuda:0), else the CPU. Weights
+    leave it as CPU tensors either way (publishing, checkpoints)."""
+    import torch
+
+    if not num_gpus:
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise LearnerDeviceError(
+            f"learner.num_gpus = {num_gpus:g}, but torch {torch.__version__} in the learner's "
+            f"process sees no CUDA device (CUDA_VISIBLE_DEVICES = "
+            f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')!r}: no GPU or driver there, or "
+            f"a torch build without CUDA); set learner.num_gpus = 0 to train on the CPU")
+    torch.cuda.set_device(0)
+    return torch.device("cuda", 0)
 
 
 class LearnerActor:
@@ -47,8 +73,8 @@ class LearnerActor:
         self.cfg = cfg
         self.io = io
         self.model_dir = Path(model_dir)
-        self.learner = self.learner_class(LearnerSettings.of(cfg),
-                                          io.load(load_dir, cfg.model.kernels), io.logprobs)
+        model = io.load(load_dir, cfg.model.kernels).to(learner_device(lc.num_gpus))
+        self.learner = self.learner_class(LearnerSettings.of(cfg), model, io.logprobs)
 
     def node_probe(self, model_config: Any) -> dict[str, Any]:
         """The learner's process: its aligned kernels' fingerprint (parity.trainer.nodes)."""

@@ -82,8 +82,9 @@ def split_by_tokens(lengths: Tensor, n: int) -> list[list[int]]:
 
 
 def _whole(t: Tensor) -> Tensor:
-    """`t` whole and detached: a DTensor's shards gathered (a fresh tensor), else a copy."""
-    return t.full_tensor().detach() if isinstance(t, DTensor) else t.detach().clone()
+    """`t` whole, detached and on the CPU: a DTensor's shards gathered (a fresh tensor), else
+    a copy."""
+    return (t.full_tensor().detach() if isinstance(t, DTensor) else t.detach().clone()).cpu()
 
 
 class ShardedLearner(Learner):
@@ -162,8 +163,7 @@ class ShardedLearner(Learner):
         longest = int(self._batch.lengths.argmax())
         tokens = self._batch.packed([longest])[0][:2]
         with self.clock.during(FORWARD):
-            lp = self.logprob_fn(self.model, tokens, [2], temperature=self.cfg.temperature,
-                                 chunk_size=self.cfg.optim.chunk_tokens)
+            lp = self._score(self.model, tokens, [2])
         if train:
             with self.clock.during(BACKWARD):
                 (lp.sum() * 0).backward()
@@ -221,6 +221,13 @@ class ShardedLearner(Learner):
             with torch.no_grad():
                 for k, p in params.items():
                     p.to_local().copy_(kept[k])
+
+    def weights(self) -> dict[str, Tensor]:
+        """A copy of this rank's shards of the current weights, in the dtype the model computes
+        in, where the shards are (a GPU rank's stay on its GPU: the D3 history copies them
+        back into the model, and `_whole` gathers them to the CPU)."""
+        dtype = getattr(self.model, "compute_dtype", None)
+        return {k: v.detach().to(dtype=dtype, copy=True) for k, v in self.model.state_dict().items()}
 
     def current_weights(self) -> dict[str, Tensor]:
         """The current version's weights, whole: the history keeps this rank's shards of each
