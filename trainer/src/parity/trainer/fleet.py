@@ -278,8 +278,11 @@ class Fleet:
         except self.ray.exceptions.RayActorError as e:
             raise LearnerDied(f"the learner actor died: {cause(e)}") from e
         except self.ray.exceptions.RayTaskError as e:
-            if len(handles(self.learner)) == 1:
+            if not isinstance(self.learner, LearnerGroup):
                 raise
+            own = self.learner.own_error(ref)
+            if own is not None:  # a rank's own error stops the run, as one learner's does
+                raise own from None
             # rank 0's collective failed: another rank died or hung past train.sync_timeout_s
             raise LearnerDied(f"a learner rank failed: {cause(e)}") from e
         except self.ray.exceptions.GetTimeoutError as e:

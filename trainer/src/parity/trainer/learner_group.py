@@ -106,14 +106,31 @@ class LearnerRank(LearnerActor):
 
 @dataclass(frozen=True)
 class _Call:
-    """One method of the group: `.remote(...)` calls it on `actors`, returns the first's ref."""
+    """One method of the group: `.remote(...)` calls it on `actors`, returns the first's ref
+    and keeps every rank's in `calls` under it (the newest CALLS_KEPT calls)."""
 
     actors: list[Any]
     name: str
+    calls: dict[Any, list[Any]]
 
     def remote(self, *args: Any) -> Any:
         refs = [getattr(a, self.name).remote(*args) for a in self.actors]  # every rank
+        self.calls[refs[0]] = refs
+        while len(self.calls) > CALLS_KEPT:
+            del self.calls[next(iter(self.calls))]
         return refs[0]
+
+
+CALLS_KEPT = 16  # calls whose every rank's ref the group keeps (a step makes a few)
+
+
+def failed_collective(err: BaseException) -> bool:
+    """Whether a rank's error is one of its collectives failing, which another rank's death
+    or hang causes: torch.distributed's errors (NCCL's), or gloo's RuntimeError, which names
+    gloo's source file."""
+    import torch.distributed as dist
+
+    return isinstance(err, dist.DistError) or (isinstance(err, RuntimeError) and "/gloo/" in str(err))
 
 
 class LearnerGroup:
@@ -134,6 +151,7 @@ class LearnerGroup:
         self.store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False,
                                    timeout=timedelta(seconds=cfg.train.start_timeout_s))
         lc = cfg.learner
+        self._calls: dict[Any, list[Any]] = {}  # rank 0's ref -> every rank's (`_Call`)
         self.actors = [ray.remote(LearnerRank).options(
             num_cpus=lc.num_cpus, num_gpus=lc.num_gpus, resources=lc.resources,
             scheduling_strategy=PlacementGroupSchedulingStrategy(
@@ -142,7 +160,29 @@ class LearnerGroup:
             for r in range(lc.ranks)]
 
     def __getattr__(self, name: str) -> _Call:
-        return _Call(self.actors[:1] if name in RANK0_ONLY else self.actors, name)
+        if name == "_calls":  # looked up before __init__ set it (copy, pickle)
+            raise AttributeError(name)
+        return _Call(self.actors[:1] if name in RANK0_ONLY else self.actors, name, self._calls)
+
+    def own_error(self, ref: Any) -> BaseException | None:
+        """Of the call whose rank-0 ref is `ref` (or of the refs `ref`), a rank's error that is its own (Ray's
+        RayTaskError of an exception other than a failed collective: a bug, a full disk),
+        rank 0's first; None if every rank that failed so far failed in a collective or died
+        (another rank's death or hang: a restart's case)."""
+        import ray
+
+        refs = ref if isinstance(ref, list) else self._calls.get(ref, [ref])
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        for r in [r for r in refs if r in done]:
+            try:
+                ray.get(r)
+            except ray.exceptions.RayTaskError as e:
+                inner = getattr(e, "cause", None)
+                if isinstance(inner, BaseException) and not failed_collective(inner):
+                    return e
+            except ray.exceptions.RayActorError:
+                continue
+        return None
 
     def close(self) -> None:
         """Kill the ranks and give their placement group's resources back to the cluster."""
