@@ -88,8 +88,11 @@ def test_spread_puts_a_rank_on_each_node_and_trains_as_one_learner(cluster, mode
         nodes = [p["node_id"] for p in ray.get([a.placement.remote() for a in group.actors])]
         assert sorted(nodes) == sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
         metrics, _ = ray.get(group.train_step.remote(groups))
-        [ref], version, _ = ray.get(group.publish.remote())
+        published = group.publish.remote()
+        [ref], version, _ = ray.get(published)
         weights = ray.get(ref)
+        # rank 1 took part in gathering the weights and put nothing in the object store
+        assert [len(ray.get(r)[0]) for r in group._calls[published]] == [1, 0]
     finally:
         group.close()
     for k in EXACT:  # is/d3 and kl 0: the ranks' logprobs are the one learner's, bit for bit

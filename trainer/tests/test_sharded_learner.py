@@ -226,6 +226,7 @@ def test_two_ranks_compute_one_learners_logprobs_and_update(ranks) -> None:
         for k in ("trust/scale", "grad/norm", "loss"):  # of the update, or a sum's order
             assert a["metrics"][0][k] == pytest.approx(one["metrics"][0][k], rel=1e-6), k
         assert a["metrics"][0]["trust/scale"] < 1  # the region bound the step
+        assert a["metrics"][0]["grad/norm"] > CFG.optim.grad_clip  # the global norm was clipped
         assert a["metrics"][2]["is/d3_mismatch"] == 0.0 and a["metrics"][2]["is/d3_share"] == 1.0
         worst = max(float((a["first"][k] - v).abs().max()) for k, v in one["first"].items())
         print(f"max |θ(2 ranks) − θ(1 rank)| after one step: {worst:.3g}")
