@@ -20,7 +20,7 @@ from tiny import TinyLM, make_group, packed_logprobs
 from torch import Tensor
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-from parity.core.timing import COLLECTIVE
+from parity.core.timing import BACKWARD, COLLECTIVE, FORWARD, WAITING
 from parity.core.types import Trajectory
 from parity.model import gemm
 from parity.model import packed_logprobs as aligned_logprobs
@@ -307,3 +307,27 @@ def test_a_rank_killed_while_checkpointing_leaves_no_checkpoint(ranks) -> None:
     assert "writing checkpoint" in (tmp / "killed.txt").read_text()  # rank 0's CheckpointError
     assert latest_checkpoint(root) == root / "step_000001"
     assert not (root / "step_000002").exists() and not list(root.glob(".step_*"))
+
+
+def test_each_layers_fsdp_collectives_are_timed_as_waiting_on_collectives() -> None:
+    """A forward and a backward of a 2-layer decoder on a rank (a group of one): FSDP gathers
+    each layer before its forward and its backward and reduce-scatters its gradient after
+    its backward, each a COLLECTIVE stretch of the rank's clock between the pass's own."""
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        learner = ShardedLearner(CFG, Decoder(SMALL, "aligned"), aligned_logprobs)
+        learner._gather()  # the root unit, as a step begins
+        with learner.clock.during(FORWARD):
+            lp = aligned_logprobs(learner.model, torch.arange(3, 12), [9])
+        with learner.clock.during(BACKWARD):
+            lp.sum().backward()
+        learner.clock.cut()
+        states = [s.name for s in learner.timeline.drain()]
+    finally:
+        dist.destroy_process_group()
+    c, f, b = COLLECTIVE, FORWARD, BACKWARD
+    assert [s for i, s in enumerate(states) if i == 0 or s != states[i - 1]] == [
+        WAITING, c, WAITING, f, c, f, c, f, WAITING,  # the root, then a gather per layer
+        b, c, b, c, b, c, b, c, b, WAITING]  # layer 1: gather, reduce; then layer 0

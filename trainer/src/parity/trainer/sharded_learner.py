@@ -25,6 +25,9 @@ gathered explicitly (`unshard`) for a step's forwards and backwards and for each
 forward (the trust region, the update's KL), since the learner reads the head outside the
 model's forward; its gradient is reduced once per step (manual backward finalization).
 
+The time a rank waits in collectives is its clock's COLLECTIVE state, FSDP's per-layer
+gathers and reductions included (`_time_collectives`).
+
 Collectives must meet: every rank makes the same model calls in the same order. The ranks'
 micro-batch counts differ (their shares differ), so each rank's list is padded to the
 largest with empty micro-batches, on which a rank calls the model on two tokens and, in
@@ -109,6 +112,7 @@ class ShardedLearner(Learner):
             fully_shard(layer, mesh=mesh, reshard_after_forward=True)
             # before FSDP's own hook reshards: the module still holds the gathered weights
             layer.register_forward_hook(_forget_gathered, prepend=True)
+            self._time_collectives(layer)
         fully_shard(model, mesh=mesh, reshard_after_forward=False)
         assert isinstance(model, FSDPModule)
         model.set_reshard_after_backward(False, recurse=False)  # the root: until `_reduce_grads`
@@ -120,6 +124,42 @@ class ShardedLearner(Learner):
         super().__init__(cfg, model, logprob_fn)
         if self.rank:  # rank 0 is the learner of the profile; the others are tracks of their own
             self.timeline.track = f"learner rank {self.rank}"
+
+    def _time_collectives(self, layer: nn.Module) -> None:
+        """Time FSDP's collectives of `layer` as COLLECTIVE: its hooks gather the layer before
+        its forward and before its backward, and reduce-scatter its gradient after its
+        backward. Hooks of ours before and after each of FSDP's switch the clock: forward
+        pre-hooks around its pre-forward; gradient hooks on the layer's output around its
+        pre-backward (hooks on a tensor run in the order they were registered, and FSDP
+        registers its own in its forward hook); autograd functions on the layer's input
+        around its post-backward (FSDP wraps the input in one in its pre-forward)."""
+        before: list[str | None] = []  # the states the clock left for COLLECTIVE
+
+        def enter(*_: Any) -> None:
+            before.append(self.clock.enter(COLLECTIVE))
+
+        def leave(*_: Any) -> None:
+            self.clock.enter(before.pop() if before else None)
+
+        def wrap(fn: Any) -> Any:  # a forward pre-hook marking the input's gradient
+            def hook(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+                if not (torch.is_grad_enabled() and args[0].requires_grad):
+                    return None
+                return (_Marker.apply(args[0], fn), *args[1:])
+            return hook
+
+        def around_pre_backward(fn: Any) -> Any:  # a forward hook marking the output's gradient
+            def hook(module: nn.Module, args: Any, output: Tensor) -> None:
+                if torch.is_grad_enabled() and output.requires_grad:
+                    output.register_hook(lambda g: fn())
+            return hook
+
+        layer.register_forward_pre_hook(lambda *_: enter(), prepend=True)  # before the gather
+        layer.register_forward_pre_hook(lambda *_: leave())  # after it
+        layer.register_forward_pre_hook(wrap(leave), prepend=True)  # after the reduce-scatter
+        layer.register_forward_pre_hook(wrap(enter))  # before it
+        layer.register_forward_hook(around_pre_backward(enter), prepend=True)
+        layer.register_forward_hook(around_pre_backward(leave))
 
     def _gather(self) -> bool:
         """Gather the root unit's weights (a collective) unless it holds them; whether this
@@ -276,3 +316,17 @@ def _forget_gathered(module: nn.Module, args: Any, output: Any) -> None:
     """A layer's forward hook: drop the prepared copies of its gathered weights, which FSDP
     is about to free (the module's docstring)."""
     forget_prepared(module.parameters())
+
+
+class _Marker(torch.autograd.Function):
+    """The identity, calling `fn()` when the gradient passes it in the backward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, fn: Any) -> Tensor:  # type: ignore[override]
+        ctx.fn = fn
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
+        ctx.fn()
+        return grad, None
