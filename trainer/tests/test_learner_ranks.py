@@ -43,10 +43,20 @@ def _failing_logprobs(when: str, how: str, *args: Any, **kwargs: Any) -> torch.T
     return tiny.packed_logprobs(*args, **kwargs)
 
 
+def _dying_save(when: str, model: torch.nn.Module, model_dir: Path) -> None:
+    """The tiny model's save; rank 0 dies in the first checkpoint write after `when` exists."""
+    if os.path.exists(when) and not os.path.exists(when + ".done"):
+        Path(when + ".done").touch()
+        os._exit(1)
+    tiny.save_tiny(model, model_dir)
+
+
 def _train(cfg: Any, run: Path, resume: bool = False, fail: tuple[Path, str] | None = None) -> dict:
-    logprobs = functools.partial(_failing_logprobs, str(fail[0]), fail[1]) if fail else \
-        tiny.packed_logprobs
-    io = ModelIO(load=tiny.load_tiny, save=tiny.save_tiny, logprobs=logprobs)
+    logprobs = functools.partial(_failing_logprobs, str(fail[0]), fail[1]) \
+        if fail and fail[1] != "die saving" else tiny.packed_logprobs
+    save = functools.partial(_dying_save, str(fail[0])) if fail and fail[1] == "die saving" \
+        else tiny.save_tiny
+    io = ModelIO(load=tiny.load_tiny, save=save, logprobs=logprobs)
     return run_training(cfg, run, resume=resume, io=io, backend_factory=tiny.TinyBackend,
                         episode_factory=tiny.tiny_episodes)
 
@@ -119,3 +129,20 @@ def test_a_ranks_own_error_stops_the_run_in_one_line_without_a_restart(
                tmp_path / "run", fail=(marker, "raise"))
     assert cause(stopped.value) == "ValueError: rank 1's own error"
     assert "restarting the run" not in capfd.readouterr().err
+
+
+def test_a_rank_that_dies_writing_a_checkpoint_leaves_the_last_one_and_restarts(
+        ray_local, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """Rank 0 dies writing step 2's checkpoint (the model, after every rank wrote its
+    optimizer shards): no step 2 checkpoint appears, the group restarts from step 1's, and
+    every version is logged once."""
+    run = tmp_path / "run"
+    first = run / "checkpoints" / "step_000001"
+    summary = _train(_cfg(tmp_path, learner={"ranks": 2}, rollout={"workers": 1},
+                          train={"steps": 3, "checkpoint_every": 1, "sync_timeout_s": 30}),
+                     run, fail=(first, "die saving"))
+    assert Path(f"{first}.done").exists() and summary["learner_restarts"] == 1
+    restarted = [ln for ln in capfd.readouterr().err.splitlines() if "restarting the run" in ln]
+    assert len(restarted) == 1 and "restarting the run from step_000001" in restarted[0], restarted
+    assert [r["version"] for r in read_metrics(run)] == [1, 2, 3]
+    assert not list((run / "checkpoints").glob(".step_*"))  # no partial write left behind

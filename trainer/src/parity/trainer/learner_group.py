@@ -122,6 +122,7 @@ class _Call:
 
 
 CALLS_KEPT = 16  # calls whose every rank's ref the group keeps (a step makes a few)
+SETTLE_S = 2.0  # how long a failed call's other ranks are given to report (own_error)
 
 
 def failed_collective(err: BaseException) -> bool:
@@ -165,23 +166,29 @@ class LearnerGroup:
         return _Call(self.actors[:1] if name in RANK0_ONLY else self.actors, name, self._calls)
 
     def own_error(self, ref: Any) -> BaseException | None:
-        """Of the call whose rank-0 ref is `ref` (or of the refs `ref`), a rank's error that is its own (Ray's
-        RayTaskError of an exception other than a failed collective: a bug, a full disk),
-        rank 0's first; None if every rank that failed so far failed in a collective or died
-        (another rank's death or hang: a restart's case)."""
+        """Of the call whose rank-0 ref is `ref` (or of the refs `ref`), a rank's error that is
+        its own: Ray's RayTaskError of an exception other than a failed collective (a bug, a
+        full disk), rank 0's first. None, a restart's case, when a rank died (the others'
+        errors follow from its death, whatever they say: a checkpoint write that lost a rank
+        fails as a CheckpointError) or every error is a failed collective (a rank hung).
+        Waits up to SETTLE_S for the ranks' results to arrive (Ray sees a death a moment
+        after the rank's peers do)."""
         import ray
 
         refs = ref if isinstance(ref, list) else self._calls.get(ref, [ref])
-        done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=SETTLE_S)
+        errors = []
         for r in [r for r in refs if r in done]:
             try:
                 ray.get(r)
-            except ray.exceptions.RayTaskError as e:
-                inner = getattr(e, "cause", None)
-                if isinstance(inner, BaseException) and not failed_collective(inner):
-                    return e
             except ray.exceptions.RayActorError:
-                continue
+                return None
+            except ray.exceptions.RayTaskError as e:
+                errors.append(e)
+        for e in errors:
+            inner = getattr(e, "cause", None)
+            if isinstance(inner, BaseException) and not failed_collective(inner):
+                return e
         return None
 
     def close(self) -> None:
