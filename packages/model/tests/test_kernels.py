@@ -124,6 +124,26 @@ def test_stacked_linear_gradients_match_standard_in_fp32(nq, nk, k):
             torch.testing.assert_close(got.double(), want, rtol=0, atol=1e-5 * float(want.abs().max()))
 
 
+@pytest.mark.skipif(not gemm.streams_bf16(), reason="bf16 GEMMs stream fp32 weights here (no AMX)")
+def test_a_bf16_gemm_on_the_reordered_weight_gives_the_plain_weights_bits() -> None:
+    """Where bf16 GEMMs stream bf16, the prepared weight is reordered into oneDNN's blocked
+    layout; a call on it gives the bits oneDNN's matmul gives on the plain bf16 weight, at
+    every row count a bf16 call has (ROW_TILE..BF16_ROWS), stacked, with a bias and without."""
+    torch.manual_seed(0)
+    bf16 = torch.bfloat16
+    parts = [((torch.randn(96, 64) * 0.1).to(bf16), (torch.randn(96) * 0.1).to(bf16)),
+             ((torch.randn(64, 64) * 0.1).to(bf16), None)]
+    assert gemm._prepared([w for w, _ in parts], [b for _, b in parts], bf16)[0].layout == \
+        torch._mkldnn
+    plain_w = torch.cat([w for w, _ in parts])
+    plain_b = torch.cat([parts[0][1], torch.zeros(64, dtype=bf16)])
+    x = torch.randn(gemm.BF16_ROWS, 64).to(bf16)
+    for m in range(gemm.ROW_TILE, gemm.BF16_ROWS + 1, gemm.ROW_TILE):
+        plain = gemm.gemm(plain_w.shape[0], torch.nn.functional.linear, x[:m], plain_w, plain_b)
+        assert torch.equal(torch.cat(gemm.linears_aligned(x[:m], parts), -1), plain), m
+        assert torch.equal(gemm.linear_aligned(x[:m], parts[1][0], None), plain[:, 96:]), m
+
+
 def test_parity_runs_mkl_in_strict_cnr():
     torch.mm(torch.ones(8, 8), torch.ones(8, 8))  # MKL settles its mode at its first call
     mode = cnr_mode()

@@ -160,7 +160,7 @@ def _tokens_per_s(model: Decoder, case: Case, prompts: list[list[int]], params: 
 
 
 def run_case(case: Case, bandwidth: float, vllm: bool = False, vllm_compiled: bool = False,
-             vllm_bf16: bool = False) -> dict:
+             vllm_bf16: bool = False, vllm_fp32: bool = True) -> dict:
     """tokens/s per kernel mode (the median of `case.repeats` rounds, with each round and their
     spread), aligned ÷ standard round by round (`ratio`: None when its rounds disagree by more
     than UNSTEADY), and each mode's fraction of the bound batch x `bandwidth` (bytes/s) ÷ weight
@@ -169,20 +169,23 @@ def run_case(case: Case, bandwidth: float, vllm: bool = False, vllm_compiled: bo
     decoder in it) or `vllm_compiled`, vLLM's tokens/s on the same fp32 weights and requests
     (parity.engine.vllm.bench), under "vllm_..."; with `vllm_bf16` too, the same two on the
     bf16 weights under "bf16" (two more servers: on the 0.5B shape the four did not fit in
-    24 GB beside parity's models); its servers start first and every round runs all of
-    parity's and vLLM's runs in turn."""
+    24 GB beside parity's models; `vllm_fp32` False leaves out the fp32 two); its servers
+    start first and every round runs all of parity's and vLLM's runs in turn."""
+    fp32_vllm = vllm_modes(vllm and vllm_fp32, vllm_compiled)
     models = _models(case.shape, case.tie_word_embeddings)
     prompts, params = _requests(case, models["float32"].config.vocab_size)
     runs = _parity_runs(models, case.engine_config(), prompts[0],
                         lambda m, _: _tokens_per_s(m, case, prompts, params))
     with ExitStack() as servers:
-        for name in vllm_modes(vllm, vllm_compiled):
+        for name in fp32_vllm:
             from parity.engine.vllm.bench import batch_server
 
             _, compiled, aligned = VLLM_RUNS[name]
             runs[name] = servers.enter_context(batch_server(
                 models["float32"], prompts, params, case.warm_prefix, compiled, aligned))
         for name in vllm_modes(vllm and vllm_bf16, False):  # on the bf16 model's weights
+            from parity.engine.vllm.bench import batch_server
+
             runs[f"bfloat16/{name}"] = servers.enter_context(batch_server(
                 models["bfloat16"], prompts, params, case.warm_prefix, False, VLLM_RUNS[name][2]))
         tps = _rounds(runs, case.repeats)
@@ -213,7 +216,7 @@ def run_case(case: Case, bandwidth: float, vllm: bool = False, vllm_compiled: bo
             if vllm and vllm_bf16:
                 into["vllm_aligned_over_vllm"] = ratio(tps[f"{dtype}/vllm_aligned"],
                                                        tps[f"{dtype}/vllm"])
-    for name in vllm_modes(vllm, vllm_compiled):
+    for name in fp32_vllm:
         v = tps[name]
         out.update({f"{name}_tokens_per_s": figure(v),
                     f"aligned_over_{name}": ratio(tps["float32/aligned"], v),
@@ -285,7 +288,7 @@ def run_multi_turn_case(case: MultiTurnCase, vllm: bool = False, vllm_compiled: 
 
 
 def run_bench(names: list[str] | None = None, vllm: bool = False, vllm_compiled: bool = False,
-              vllm_bf16: bool = False) -> dict:
+              vllm_bf16: bool = False, vllm_fp32: bool = True) -> dict:
     """Every default case (or those of CASES and ON_REQUEST whose name contains one of
     `names`); with `vllm` (eager) and/or `vllm_compiled`, vLLM's side too, when its
     environment is built ("vllm" says its version, or why it is missing)."""
@@ -304,4 +307,5 @@ def run_bench(names: list[str] | None = None, vllm: bool = False, vllm_compiled:
     return {"threads": torch.get_num_threads(), "machine": machine(), "bf16_support": bf16_support(),
             "copy_bandwidth_gb_s": round(bandwidth / 1e9, 2), "vllm": vllm_info,
             "cases": [run_multi_turn_case(c, vllm, vllm_compiled) if isinstance(c, MultiTurnCase)
-                      else run_case(c, bandwidth, vllm, vllm_compiled, vllm_bf16) for c in cases]}
+                      else run_case(c, bandwidth, vllm, vllm_compiled, vllm_bf16, vllm_fp32)
+                      for c in cases]}

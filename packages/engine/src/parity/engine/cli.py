@@ -154,6 +154,9 @@ def bench_engine(
     vllm_bf16: bool = typer.Option(False, "--vllm-bf16", help="With --vllm, also time both on "
                                    "the bf16 weights: two more servers (the 0.5B case then "
                                    "needs more than 24 GB)."),
+    vllm_bf16_only: bool = typer.Option(False, "--vllm-bf16-only", help="With --vllm, time "
+                                        "both on the bf16 weights only (two servers: the 0.5B "
+                                        "case fits in 24 GB)."),
 ) -> None:
     """Generation tokens/s, aligned vs standard kernels (and vLLM with --vllm), on the tiny
     and ~0.5B Qwen2 shapes; per-turn latency of multi-turn episodes on the tiny shape."""
@@ -172,7 +175,7 @@ def bench_engine(
                    f"{', '.join(names)}", err=True)
         raise typer.Exit(2)
     report = run_bench(case or None, vllm=vllm, vllm_compiled=vllm_compiled,
-                       vllm_bf16=vllm_bf16)
+                       vllm_bf16=vllm_bf16 or vllm_bf16_only, vllm_fp32=not vllm_bf16_only)
     if json_:
         typer.echo(json.dumps(report, indent=2))
         return

@@ -18,12 +18,16 @@ prepared weight and so the same kernel; oneDNN picks its kernels by ISA flags, n
 vendor. Other dtypes, and torch builds without oneDNN, run the stacked weight on MKL.
 
 In bfloat16 (x is bf16), on a CPU with AMX and oneDNN (`streams_bf16`), the GEMM streams bf16: the weights are rounded to bf16 once when prepared (fp32 masters and bf16
-weights give the same prepared weight, and a bf16 weight alone is not copied), and oneDNN's bf16
-matmul multiplies them in calls of at most BF16_ROWS rows, accumulating in fp32 and rounding
-each output to bf16 once. Its kernel for 2..63 rows keeps one reduction order per row (at 64
-rows and more, and at 1, it switches kernels: measured on Sapphire Rapids, and proved per
-machine like the fp32 class). A decode step thus reads half the bytes of the fp32 path, and a
-prefill runs at bf16 speed (2x the fp32 GEMM at 1,024 rows on Sapphire Rapids). Elsewhere the
+weights give the same prepared weight) and reordered, as fp32 weights are, into oneDNN's
+blocked layout, and oneDNN's bf16 matmul multiplies them in calls of at most BF16_ROWS rows,
+accumulating in fp32 and rounding each output to bf16 once. Its kernel for 2..63 rows keeps one
+reduction order per row (at 64 rows and more, and at 1, it switches kernels: measured on
+Sapphire Rapids, and proved per machine like the fp32 class). A decode step thus reads half the
+bytes of the fp32 path, and a prefill runs at bf16 speed (2x the fp32 GEMM at 1,024 rows on
+Sapphire Rapids). The reordered weight gives the bits of the plain one (oneDNN's matmul on
+it, as before: every 0.5B shape, 8-32 rows, 1 and 2 threads, Sapphire Rapids) in 0.5-0.7x
+its time at 8 rows, where the plain weight was repacked on every call; it is a copy where a
+bf16 weight was used as it is (the fp32 path's trade). Elsewhere the
 GEMM is the fp32 GEMM on the bf16 values (products of bf16 values are exact in
 fp32, the fp32 accumulation keeps its proved order, the output is rounded to bf16 once). Either
 way learner and engine run the same path on one machine and agree bit for bit; nodes compare
@@ -73,7 +77,8 @@ def gemm(columns: int, fn: Callable[..., torch.Tensor], *args: torch.Tensor | No
 
 
 def _on_onednn(dtype: torch.dtype) -> bool:
-    # oneDNN's reordered layouts are proved for fp32 operands (those of fp32 and bf16 models);
+    # oneDNN's reordered layouts are proved for fp32 operands (those of fp32 and bf16 models)
+    # and for the bf16 operands of a GEMM that streams bf16 (`_native`);
     # the choice depends on the dtype alone, so every caller of a weight gets the same kernel
     return ONEDNN and accumulation_dtype(dtype) == torch.float32
 
@@ -135,7 +140,7 @@ def _prepared(ws: Sequence[torch.Tensor], bs: Sequence[torch.Tensor | None], dty
     if hit is None or hit[0] != key:
         with torch.no_grad():
             w = torch.cat([_operand(w, dtype) for w in ws]) if len(ws) > 1 else _operand(ws[0], dtype)
-            if _on_onednn(dtype) and not _native(dtype):
+            if _on_onednn(dtype):  # fp32 operands, and bf16 ones where the GEMM streams bf16
                 w = torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), ROW_TILE)
             hit = key, w, _stacked_bias(ws, bs, dtype)
         _PREPARED[ws[0]] = hit
@@ -165,18 +170,20 @@ def _forward(flat: torch.Tensor, ws: Sequence[torch.Tensor], bs: Sequence[torch.
     dtype = flat.dtype
     w, b = _prepared(ws, bs, dtype)
     if _native(dtype):  # calls of BF16_ROWS rows (the last ROW_TILE..BF16_ROWS): one kernel
-        parts = [gemm(w.shape[0], F.linear, flat[i:i + BF16_ROWS], w, b)
+        parts = [gemm(w.shape[0], _onednn_linear, flat[i:i + BF16_ROWS], w, b)
                  for i in range(0, flat.shape[0], BF16_ROWS)]
         return parts[0] if len(parts) == 1 else torch.cat(parts)
     acc = accumulation_dtype(dtype)
     # no `.to` where it would not convert: even a no-op call costs microseconds, and a decode
     # step makes hundreds of these calls
     x = flat if acc == dtype else flat.to(acc)
-    if _on_onednn(dtype):
-        y = torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
-    else:
-        y = gemm(w.shape[0], F.linear, x, w, b)
+    y = _onednn_linear(x, w, b) if _on_onednn(dtype) else gemm(w.shape[0], F.linear, x, w, b)
     return y if acc == dtype else y.to(dtype)
+
+
+def _onednn_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """x times a weight reordered by `_prepared`, plus b: oneDNN's matmul."""
+    return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
 
 
 def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
