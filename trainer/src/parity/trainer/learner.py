@@ -122,6 +122,10 @@ class Learner:
     The process's RNGs belong to its owner (the learner actor seeds them); `state()` saves
     them for resume."""
 
+    kept_on: str | None = "cpu"
+    """Where `weights()` copies go (the D3 history, what publishing hands out): the CPU; None
+    keeps them on the model's device (a sharded rank's shards, `ShardedLearner`)."""
+
     def __init__(self, cfg: LearnerSettings, model: nn.Module, logprob_fn: LogprobFn) -> None:
         self.cfg = cfg
         self.model = model
@@ -160,10 +164,12 @@ class Learner:
         return self.opt.state.get(p, {})
 
     def weights(self) -> dict[str, Tensor]:
-        """A CPU copy of the current weights (HF parameter names), in the dtype the model
-        computes in: a bf16 model's fp32 masters are published rounded, as its forward uses them."""
+        """A copy of the current weights (HF parameter names) on `kept_on`, in the dtype the
+        model computes in: a bf16 model's fp32 masters are published rounded, as its forward
+        uses them."""
         dtype = getattr(self.model, "compute_dtype", None)
-        return {k: v.detach().to("cpu", dtype=dtype, copy=True) for k, v in self.model.state_dict().items()}
+        return {k: v.detach().to(self.kept_on, dtype=dtype, copy=True)
+                for k, v in self.model.state_dict().items()}
 
     def current_weights(self) -> dict[str, Tensor]:
         """The current version's `weights()`, the copy the D3 history keeps: what publishing

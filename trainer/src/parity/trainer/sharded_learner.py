@@ -87,7 +87,7 @@ def split_by_tokens(lengths: Tensor, n: int) -> list[list[int]]:
 def _whole(t: Tensor) -> Tensor:
     """`t` whole, detached and on the CPU: a DTensor's shards gathered (a fresh tensor), else
     a copy."""
-    return (t.full_tensor().detach() if isinstance(t, DTensor) else t.detach().clone()).cpu()
+    return t.full_tensor().detach().cpu() if isinstance(t, DTensor) else t.detach().to("cpu", copy=True)
 
 
 class ShardedLearner(Learner):
@@ -96,6 +96,9 @@ class ShardedLearner(Learner):
     Metrics are the whole batch's on every rank. `model` is sharded in place."""
 
     model: Any  # the model as FSDP made it: an nn.Module and an FSDPModule
+    # the history's shards stay where they are (a GPU rank's on its GPU): `_at_version` copies
+    # them back into the model, `_whole` gathers them to the CPU
+    kept_on = None
 
     def __init__(self, cfg: LearnerSettings, model: nn.Module, logprob_fn: LogprobFn) -> None:
         self.rank, self.ranks = dist.get_rank(), dist.get_world_size()
@@ -261,13 +264,6 @@ class ShardedLearner(Learner):
             with torch.no_grad():
                 for k, p in params.items():
                     p.to_local().copy_(kept[k])
-
-    def weights(self) -> dict[str, Tensor]:
-        """A copy of this rank's shards of the current weights, in the dtype the model computes
-        in, where the shards are (a GPU rank's stay on its GPU: the D3 history copies them
-        back into the model, and `_whole` gathers them to the CPU)."""
-        dtype = getattr(self.model, "compute_dtype", None)
-        return {k: v.detach().to(dtype=dtype, copy=True) for k, v in self.model.state_dict().items()}
 
     def current_weights(self) -> dict[str, Tensor]:
         """The current version's weights, whole: the history keeps this rank's shards of each

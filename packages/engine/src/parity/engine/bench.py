@@ -177,15 +177,13 @@ def run_case(case: Case, bandwidth: float, vllm: bool = False, vllm_compiled: bo
     runs = _parity_runs(models, case.engine_config(), prompts[0],
                         lambda m, _: _tokens_per_s(m, case, prompts, params))
     with ExitStack() as servers:
-        for name in fp32_vllm:
+        if vllm or vllm_compiled:
             from parity.engine.vllm.bench import batch_server
-
+        for name in fp32_vllm:
             _, compiled, aligned = VLLM_RUNS[name]
             runs[name] = servers.enter_context(batch_server(
                 models["float32"], prompts, params, case.warm_prefix, compiled, aligned))
         for name in vllm_modes(vllm and vllm_bf16, False):  # on the bf16 model's weights
-            from parity.engine.vllm.bench import batch_server
-
             runs[f"bfloat16/{name}"] = servers.enter_context(batch_server(
                 models["bfloat16"], prompts, params, case.warm_prefix, False, VLLM_RUNS[name][2]))
         tps = _rounds(runs, case.repeats)
