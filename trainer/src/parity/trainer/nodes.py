@@ -44,7 +44,7 @@ def local_probe(cfg: ModelConfig) -> dict[str, Any]:
 
 def _where(p: dict[str, Any]) -> str:
     return (f"{p['role']} on {p['host']} ({p['cpu']}, torch {p['torch_capability']}, "
-            f"BLAS {p['blas']})")
+            f"BLAS {p['blas']}, GEMMs by {p.get('onednn', 'torch mkldnn')})")
 
 
 def disagreement(probes: list[dict[str, Any]]) -> str | None:

@@ -120,13 +120,48 @@ def _operand(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return t.detach().to(dtype).to(_operand_dtype(dtype))
 
 
+class OneDnnGemm:
+    """How oneDNN GEMMs hold a prepared weight and run it: torch's `mkldnn` ops, the weight
+    reordered once for ROW_TILE-row inputs and the primitive looked up at each call. A process
+    may swap in another route to the same oneDNN matmul (`use_onednn`: vLLM's per-weight
+    handle in a vLLM worker, which skips the per-call lookup) where it gives these bits."""
+
+    name = "torch mkldnn"
+
+    def prepare(self, w: torch.Tensor) -> object:
+        """The form `run` reads of a stacked weight `w` [out, k] (contiguous)."""
+        return torch.ops.mkldnn._reorder_linear_weight(w, ROW_TILE)
+
+    def run(self, x: torch.Tensor, prepared: object, b: torch.Tensor | None) -> torch.Tensor:
+        """x [M, k] times the prepared weight, plus b [out]: [M, out] in x's dtype."""
+        return torch.ops.mkldnn._linear_pointwise(x, prepared, b, "none", [], "")
+
+
+TORCH_ONEDNN = OneDnnGemm()
+_onednn = TORCH_ONEDNN
+
+
+def use_onednn(route: OneDnnGemm) -> None:
+    """Run this process's oneDNN GEMMs through `route` from now on (weights prepared for the
+    previous route are prepared again). Its caller vouches that `route` gives TORCH_ONEDNN's
+    bits on the model's shapes (`parity.vllm_plugin.onednn` compares them first)."""
+    global _onednn
+    _onednn = route
+    _PREPARED.clear()
+
+
+def onednn() -> OneDnnGemm:
+    """The route this process's oneDNN GEMMs take."""
+    return _onednn
+
+
 # first weight of a stack -> (identity, version and storage of each weight and bias and the
-# dtype when prepared, the prepared stacked weight, the stacked bias)
+# dtype when prepared, the prepared stacked weight, the stacked bias, output columns)
 _PREPARED: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
 def _prepared(ws: Sequence[torch.Tensor], bs: Sequence[torch.Tensor | None], dtype: torch.dtype
-              ) -> tuple[torch.Tensor, torch.Tensor | None]:
+              ) -> tuple[object, torch.Tensor | None, int]:
     """The weights rounded to `dtype` (`_operand`), stacked by output and, for fp32 operands
     on oneDNN, reordered for ROW_TILE-row inputs, and their biases stacked likewise (zeros
     where a weight has none; None if none has one); made again after any of them changes in
@@ -140,11 +175,12 @@ def _prepared(ws: Sequence[torch.Tensor], bs: Sequence[torch.Tensor | None], dty
     if hit is None or hit[0] != key:
         with torch.no_grad():
             w = torch.cat([_operand(w, dtype) for w in ws]) if len(ws) > 1 else _operand(ws[0], dtype)
+            columns = w.shape[0]
             if _on_onednn(dtype):  # fp32 operands, and bf16 ones where the GEMM streams bf16
-                w = torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), ROW_TILE)
-            hit = key, w, _stacked_bias(ws, bs, dtype)
+                w = _onednn.prepare(w.contiguous())
+            hit = key, w, _stacked_bias(ws, bs, dtype), columns
         _PREPARED[ws[0]] = hit
-    return hit[1], hit[2]
+    return hit[1], hit[2], hit[3]
 
 
 def forget(weights: Iterable[torch.Tensor]) -> None:
@@ -168,22 +204,17 @@ def _forward(flat: torch.Tensor, ws: Sequence[torch.Tensor], bs: Sequence[torch.
     computed in fp32 on flat's values and the weights rounded to flat's dtype; the result is
     rounded to flat's dtype."""
     dtype = flat.dtype
-    w, b = _prepared(ws, bs, dtype)
+    w, b, columns = _prepared(ws, bs, dtype)
     if _native(dtype):  # calls of BF16_ROWS rows (the last ROW_TILE..BF16_ROWS): one kernel
-        parts = [gemm(w.shape[0], _onednn_linear, flat[i:i + BF16_ROWS], w, b)
+        parts = [gemm(columns, _onednn.run, flat[i:i + BF16_ROWS], w, b)
                  for i in range(0, flat.shape[0], BF16_ROWS)]
         return parts[0] if len(parts) == 1 else torch.cat(parts)
     acc = accumulation_dtype(dtype)
     # no `.to` where it would not convert: even a no-op call costs microseconds, and a decode
     # step makes hundreds of these calls
     x = flat if acc == dtype else flat.to(acc)
-    y = _onednn_linear(x, w, b) if _on_onednn(dtype) else gemm(w.shape[0], F.linear, x, w, b)
+    y = _onednn.run(x, w, b) if _on_onednn(dtype) else gemm(columns, F.linear, x, w, b)
     return y if acc == dtype else y.to(dtype)
-
-
-def _onednn_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    """x times a weight reordered by `_prepared`, plus b: oneDNN's matmul."""
-    return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
 
 
 def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import torch
 
-from parity.model import blas, fused, native, rowwise
+from parity.model import blas, fused, gemm, native, rowwise
 from parity.model.config import ModelConfig
 from parity.model.dtypes import dtype_name
 from parity.model.gemm import ROW_TILE, streams_bf16
@@ -199,7 +199,7 @@ def _linear(p: _Probe, k: int, n: int, bias: bool, dtype: torch.dtype = torch.fl
                        lambda rows: torch.randn(rows, k, generator=g).to(dtype), k * n)
 
 
-def _linear_dtypes() -> tuple[torch.dtype, ...]:
+def linear_dtypes() -> tuple[torch.dtype, ...]:
     """The dtypes whose linears run their own GEMMs here: fp32, and bf16 where it streams bf16
     (elsewhere a bf16 linear is the fp32 GEMM on bf16 values)."""
     return (torch.float32, torch.bfloat16) if streams_bf16() else (torch.float32,)
@@ -302,7 +302,7 @@ def fingerprint(cfg: ModelConfig | Shapes, kernels: Kernels = ALIGNED_CPU) -> st
         h.update(t.contiguous().numpy().tobytes())
 
     with torch.no_grad():
-        for (k, n, bias), dtype in itertools.product(s.linears, _linear_dtypes()):
+        for (k, n, bias), dtype in itertools.product(s.linears, linear_dtypes()):
             g = _gen(k, n, bias, 1)
             w, b = torch.randn(n, k, generator=g), (torch.randn(n, generator=g) if bias else None)
             add(kernels.linear(torch.randn(13, k, generator=g).to(dtype), w.to(dtype),
@@ -330,7 +330,7 @@ def _run(s: Shapes, kernels: Kernels, threads: list[int]) -> tuple[str | None, i
     p = _Probe(kernels, threads)
     with torch.no_grad():
         ok = all(_linear(p, k, n, b, dt) for (k, n, b), dt in itertools.product(
-            s.linears, _linear_dtypes())) and _attention(p, *s.attention) and _rowwise(p, s)
+            s.linears, linear_dtypes())) and _attention(p, *s.attention) and _rowwise(p, s)
     return (None if ok else p.failure), p.checks
 
 
@@ -350,6 +350,7 @@ def verify(cfg: ModelConfig | Shapes, kernels: Kernels = ALIGNED_CPU, cache: boo
     threads = sorted({1, 2, torch.get_num_threads()})
     mach = machine()
     key_src = json.dumps({"v": PROBE_VERSION, "src": _kernel_source(), "kernels": kernels.mode,
+                          "onednn": gemm.onednn().name,
                           "machine": mach, "shapes": asdict(shapes), "threads": threads,
                           "env": {k: os.environ.get(k) for k in ("MKL_CBWR", "ATEN_CPU_CAPABILITY",
                                                                  "MKL_ENABLE_INSTRUCTIONS",
@@ -402,4 +403,5 @@ def probe(cfg: ModelConfig | Shapes) -> dict:
     m = machine()
     return {"cpu": m["cpu"], "isa": m["isa"], "torch": str(m["torch"]),
             "torch_capability": m["torch_capability"], "blas": m["mkl_mode"] or m["blas"],
-            "proof_ok": proof.ok, "proof_failure": proof.failure, "fingerprint": fingerprint(cfg)}
+            "onednn": gemm.onednn().name, "proof_ok": proof.ok, "proof_failure": proof.failure,
+            "fingerprint": fingerprint(cfg)}

@@ -23,6 +23,7 @@ with each (block, head) holding its key rows, then its value rows.
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Callable, Iterable
 from contextlib import contextmanager
 from typing import Any
@@ -33,7 +34,9 @@ from parity.engine.kv_cache import DenseBatch, PagedKV
 from parity.engine.weights import apply_update, check_update
 from parity.model import Decoder, DenseKV, ModelConfig, SeqLayout
 from parity.model.layout import KV_TILE
-from parity.vllm_plugin import PluginError
+from parity.vllm_plugin import PluginError, onednn
+
+logger = logging.getLogger(__name__)
 
 DENSE_KV_BYTES = 2**30  # the running batch's keys and values kept dense (as engine.dense_kv_mib)
 
@@ -80,7 +83,10 @@ class ParityForCausalLM(Decoder):
         model_config = vllm_config.model_config
         cfg = ModelConfig.from_pretrained(model_config.model)
         dtype = model_config.dtype
-        with _default_dtype(torch.float32):  # also proves the aligned kernels (selfcheck)
+        with _default_dtype(torch.float32):
+            # the GEMMs' route first: the proof (selfcheck, at construction) and the
+            # fingerprint at /health run on it
+            logger.info("parity's oneDNN GEMMs: %s", onednn.install(cfg))
             super().__init__(cfg, "aligned", dtype=dtype)
         self.to(dtype)
         block_size = vllm_config.cache_config.block_size
