@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -45,3 +47,34 @@ def test_freed_tensors_stay_in_the_heap():
     # glibc's defaults: a block this large is mapped on its own and unmapped when freed, so
     # the next one faults its pages in again
     assert default["mapped_mib"] >= 16 > default["kept_free_mib"]
+
+
+# In a fresh process, as the `parity` command starts: how much of a 64 MiB tensor, once
+# written, the kernel backs with huge pages.
+_HUGE = """
+import json, sys
+from parity.core.memory import ask_huge_pages
+if sys.argv[1] == "ask":
+    ask_huge_pages()
+import torch
+x = torch.ones(2**24)  # 64 MiB
+huge = [l for l in open("/proc/self/smaps_rollup") if l.startswith("AnonHugePages")]
+print(int(huge[0].split()[1]) // 1024)
+"""
+
+
+def _huge_mib(mode: str, env: dict[str, str]) -> int:
+    out = subprocess.run([sys.executable, "-c", _HUGE, mode], capture_output=True, text=True,
+                         env=env)
+    assert out.returncode == 0, out.stderr
+    return int(out.stdout)
+
+
+def test_large_tensors_get_huge_pages_where_the_kernel_gives_them_on_request():
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if not thp.exists() or "[madvise]" not in thp.read_text():
+        pytest.skip("the kernel gives huge pages on request only in THP mode madvise")
+    env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+    assert _huge_mib("ask", env) >= 2  # 2 MiB pages (fewer where memory is short of free 2 MiB runs)
+    assert _huge_mib("default", env) == 0  # torch's default: 4 KB pages
+    assert _huge_mib("ask", env | {"THP_MEM_ALLOC_ENABLE": "0"}) == 0  # the user's setting wins

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import typer
 
-from parity.core.memory import keep_freed_memory
+from parity.core.memory import ask_huge_pages, keep_freed_memory
 from parity.engine.cli import bench_engine
 from parity.envs.cli import app as envs_app
 from parity.envs.desktop.cli import bench_desktop
@@ -48,8 +48,9 @@ app.add_typer(envs_app, name="envs", help="List, check and play environments.")
 
 
 def main() -> None:
-    # Both only set process state (an environment variable, malloc's options) and import no
+    # Each only sets process state (environment variables, malloc's options) and imports no
     # torch, so they run before any command's first import of torch and its first GEMM.
     blas.configure()  # MKL's mode, before any command's first GEMM; Ray workers inherit it
     keep_freed_memory()  # each step's tensors reuse pages instead of faulting new ones in
+    ask_huge_pages()  # weights stream through fewer TLB entries (before torch's first tensor)
     app()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import os
 
 # mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD = -1
@@ -35,3 +36,15 @@ def keep_freed_memory() -> bool:
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+
+
+def ask_huge_pages() -> None:
+    """Ask torch to back each tensor of 2 MiB or more with transparent huge pages (2 MiB
+    aligned and madvise'd: torch's THP_MEM_ALLOC_ENABLE), in this process and those it starts
+    (Ray workers, vLLM servers), unless the variable is set already. Weights stream through
+    the TLB at every decode step: with 4 KB pages a 0.5B fp32 step walks the page tables
+    for about 500,000 pages, and on a Sapphire Rapids VM whose kernel leaves huge pages to
+    madvise, 8-row GEMMs over all of its weights ran 7% faster (docs/benchmarks.md). Where
+    the kernel never gives huge pages it changes only alignment. torch reads the variable
+    once, at its first allocation, so the `parity` command sets it before importing torch."""
+    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
