@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from parity.core.memory import keep_freed_memory
+from parity.core.memory import ask_huge_pages, keep_freed_memory
 from parity.engine import engine as engine_module
 from parity.engine import model_runner
 from parity.engine.bench import CASES, ON_REQUEST, _models, _params, _requests
@@ -85,6 +85,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     blas.configure()
     keep_freed_memory()
+    ask_huge_pages()  # as the `parity` command: before the first tensor
     case = next(c for c in (*CASES, *ON_REQUEST) if args.case in c.name)
     model = _models(case.shape, case.tie_word_embeddings)[args.dtype]
     if isinstance(case, MultiTurnCase):

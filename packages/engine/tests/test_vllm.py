@@ -22,6 +22,7 @@ from parity.engine import EngineInputError, WeightUpdateError
 from parity.engine.audit import Case, learner_logprobs
 from parity.engine.shapes import random_model
 from parity.engine.vllm import VllmBackend, VllmEnvError, VllmError, VllmSettings, check_vllm_env
+from parity.engine.vllm.backend import server_env
 from parity.engine.vllm.environment import vllm_env_problem
 from parity.model import save_model
 
@@ -61,6 +62,21 @@ def _learner_gap(model, prompt: list[int], completion, temperature: float = T) -
 def test_missing_environment_names_the_build_script():
     with pytest.raises(VllmEnvError, match=r"scripts/build_vllm_env\.sh"):
         check_vllm_env("/nonexistent/bin/python")
+
+
+@needs_vllm
+def test_the_server_asks_for_huge_pages_unless_told_otherwise(served, monkeypatch):
+    """vLLM's packed weights (glibc's malloc) and torch's tensors on 2 MiB pages where the
+    kernel gives them; a user's own settings are kept."""
+    _, backend = served
+    environ = Path(f"/proc/{backend.proc.pid}/environ").read_bytes().split(b"\0")
+    assert b"GLIBC_TUNABLES=glibc.malloc.hugetlb=1" in environ
+    thp = os.environ.get("THP_MEM_ALLOC_ENABLE", "1")
+    assert f"THP_MEM_ALLOC_ENABLE={thp}".encode() in environ
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=2")
+    monkeypatch.setenv("THP_MEM_ALLOC_ENABLE", "0")
+    env = server_env(SETTINGS)
+    assert (env["GLIBC_TUNABLES"], env["THP_MEM_ALLOC_ENABLE"]) == ("glibc.malloc.arena_max=2", "0")
 
 
 @needs_vllm

@@ -46,5 +46,6 @@ def ask_huge_pages() -> None:
     for about 500,000 pages, and on a Sapphire Rapids VM whose kernel leaves huge pages to
     madvise, 8-row GEMMs over all of its weights ran 7% faster (docs/benchmarks.md). Where
     the kernel never gives huge pages it changes only alignment. torch reads the variable
-    once, at its first allocation, so the `parity` command sets it before importing torch."""
+    once, at its first allocation, so the `parity` command sets it before any tensor; the
+    nodes of a cluster started apart (`ray start`) need it in their own environment."""
     os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
