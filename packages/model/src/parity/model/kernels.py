@@ -59,8 +59,10 @@ from parity.model.attention import attention_aligned, attention_standard
 from parity.model.gemm import Part, accumulation_dtype, linear_aligned, linears_aligned
 from parity.model.rowwise import (
     rms_norm_aligned,
+    rms_norm_bf16,
     rms_norm_standard,
     silu_mul_aligned,
+    silu_mul_bf16,
     silu_mul_standard,
 )
 
@@ -108,6 +110,22 @@ def _in_fp32(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
     return op
 
 
+def _bf16_first(bf16: Callable[..., torch.Tensor | None], fn: Callable[..., torch.Tensor]
+                ) -> Callable[..., torch.Tensor]:
+    """`_in_fp32(fn)`, with bf16 inputs taken by `bf16` first where it serves (the C row-wise
+    ops on bf16 values: the same bits without torch's conversions around the fp32 call)."""
+    wide = _in_fp32(fn)
+
+    def op(x: torch.Tensor, *args: object) -> torch.Tensor:
+        if x.dtype == torch.bfloat16:
+            y = bf16(x, *args)
+            if y is not None:
+                return y
+        return wide(x, *args)
+
+    return op
+
+
 def _linear_standard(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
     return F.linear(x, w.to(x.dtype), None if b is None else b.to(x.dtype))
 
@@ -122,7 +140,8 @@ class AlignmentError(RuntimeError):
 
 
 # The CPU set; `parity.model.devices.ALIGNED` adds CUDA tensors (the Triton set) to it.
-ALIGNED_CPU = Kernels("aligned", linear_aligned, linears_aligned, _in_fp32(rms_norm_aligned),
-                      _in_fp32(silu_mul_aligned), _in_fp32(attention_aligned))
+ALIGNED_CPU = Kernels("aligned", linear_aligned, linears_aligned,
+                      _bf16_first(rms_norm_bf16, rms_norm_aligned),
+                      _bf16_first(silu_mul_bf16, silu_mul_aligned), _in_fp32(attention_aligned))
 STANDARD = Kernels("standard", _linear_standard, _linears_standard, rms_norm_standard,
                    silu_mul_standard, attention_standard)

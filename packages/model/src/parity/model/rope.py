@@ -136,27 +136,32 @@ def rotate_and_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: tor
                      sin: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor,
                      slots: torch.Tensor) -> torch.Tensor | None:
     """`apply_rotary` on queries and keys and a paged cache's writes as one C call: q [N, Hq,
-    D], k and v [N, Hkv, D] the column slices of one fp32 QKV output (rows apart, heads
-    back to back); the rotated keys and the values go to rows `slots` [N * Hkv] of `k_rows`
-    and `v_rows` (fp32 [rows, D], contiguous), pair (row, KV head) by pair. Returns the
-    rotated queries [N, Hq, D], with the bits `apply_rotary` gives them (the same C
-    rotation, `rope_head`), or None where this call does not serve (the caller rotates and
-    writes as usual): another dtype or layout, gradients, or no C library."""
+    D], k and v [N, Hkv, D] the column slices of one fp32 or bf16 QKV output (rows apart,
+    heads back to back); the rotated keys and the values go to rows `slots` [N * Hkv] of
+    `k_rows` and `v_rows` ([rows, D] of the same dtype, contiguous), pair (row, KV head) by
+    pair. Returns the rotated queries [N, Hq, D], with the bits `apply_rotary` gives them (the
+    same C rotation, `rope_head`; in bf16 on the widened values, rounded once), or None where
+    this call does not serve (the caller rotates and writes as usual): another dtype or
+    layout, gradients, or no C library."""
     n, hq, d = q.shape
     hkv = k.shape[1]
-    ld, four = q.stride(0), q.element_size()
-    if not (q.dtype == k_rows.dtype == v_rows.dtype == torch.float32 and _rotates_in_c(q, cos, sin)
+    ld, size = q.stride(0), q.element_size()
+    if not (q.dtype == k_rows.dtype == v_rows.dtype and _rotates_in_c(q, cos, sin)
             and not (torch.is_grad_enabled() and q.requires_grad)
             and q.stride()[1:] == (d, 1) and k.stride() == v.stride() == q.stride()
-            and k.data_ptr() == q.data_ptr() + hq * d * four
-            and v.data_ptr() == k.data_ptr() + hkv * d * four
+            and k.data_ptr() == q.data_ptr() + hq * d * size
+            and v.data_ptr() == k.data_ptr() + hkv * d * size
             and k_rows.is_contiguous() and v_rows.is_contiguous()
             and slots.dtype == torch.int64 and slots.is_contiguous()):
         return None
-    out = torch.empty(n, hq, d)
+    out = torch.empty(n, hq, d, dtype=q.dtype)
     cos, sin = _table_rows(cos, sin, n, d)
-    rowwise.c_library().parity_rope_store(
-        q.data_ptr(), ld, cos.data_ptr(), sin.data_ptr(), n, hq, hkv, d, out.data_ptr(),
-        k_rows.data_ptr(), v_rows.data_ptr(), slots.data_ptr(),
-        rowwise.c_threads(n * (hq + 2 * hkv) * d))
+    # bf16: each head widened, rotated by the same C rotation, rounded once (apply_rotary's
+    # bf16 bits), the values copied as they are
+    call = rowwise.c_library().parity_rope_store_bf16 if q.dtype == torch.bfloat16 else (
+        rowwise.c_library().parity_rope_store)
+    code = call(q.data_ptr(), ld, cos.data_ptr(), sin.data_ptr(), n, hq, hkv, d, out.data_ptr(),
+                k_rows.data_ptr(), v_rows.data_ptr(), slots.data_ptr(),
+                rowwise.c_threads(n * (hq + 2 * hkv) * d))
+    rowwise.bf16_failed(code or 0, "RoPE and the paged store")
     return out

@@ -9,9 +9,13 @@ Their backwards are the ordinary gradients, in a few fused passes.
 In fp32 on a CPU with a C compiler, RMSNorm (widths a multiple of 16), SiLU*mul and RoPE
 (`parity.model.rope`) run as one C call each (`csrc/rowwise.c`, built by `parity.model.native`):
 the same math in one pass, where torch's five to seven ops per call cost a decode step about
-70 us each in dispatch alone. Their sums and exp are their own, so their bits are not torch's:
-the choice depends on the machine, dtype and shape class only, never on the call, so every
-caller on a machine takes the same path, and the fingerprint nodes compare covers it.
+70 us each in dispatch alone. In bf16 without gradients (`rms_norm_bf16`, `silu_mul_bf16`, the
+engine's RoPE and paged store) one C call each too, which widens its operands, runs the fp32
+op's own row function and rounds its output to bf16 once: the bits torch's conversions
+around the fp32 call give, without their four to six conversion calls per op. Their sums and
+exp are their own, so their bits are not torch's: the choice depends on the machine, dtype
+and shape class only, never on the call, so every caller on a machine takes the same path,
+and the fingerprint nodes compare covers it.
 """
 
 from __future__ import annotations
@@ -36,12 +40,16 @@ def c_library() -> ctypes.CDLL | None:
     if dll is None:
         return None
     p, i, f = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
-    for name, args in (("parity_rms_norm", [p, p, f, p, p, i, i, i]),
-                       ("parity_silu_mul", [p, i, p, i, p, i, i, i]),
-                       ("parity_rope", [p, i, p, p, p, i, i, i, i]),
-                       ("parity_rope_store", [p, i, p, p, i, i, i, i, p, p, p, p, i])):
+    for name, args, returns in (
+            ("parity_rms_norm", [p, p, f, p, p, i, i, i], None),
+            ("parity_silu_mul", [p, i, p, i, p, i, i, i], None),
+            ("parity_rope", [p, i, p, p, p, i, i, i, i], None),
+            ("parity_rope_store", [p, i, p, p, i, i, i, i, p, p, p, p, i], None),
+            ("parity_rms_norm_bf16", [p, p, f, p, i, i, i], ctypes.c_int),
+            ("parity_silu_mul_bf16", [p, i, p, i, p, i, i, i], ctypes.c_int),
+            ("parity_rope_store_bf16", [p, i, p, p, i, i, i, i, p, p, p, p, i], ctypes.c_int)):
         fn = getattr(dll, name)
-        fn.argtypes, fn.restype = args, None
+        fn.argtypes, fn.restype = args, returns
     return dll
 
 
@@ -50,11 +58,22 @@ def c_threads(numel: int) -> int:
     return 1 if numel < _ONE_THREAD else torch.get_num_threads()
 
 
-def serves_c(*ts: torch.Tensor) -> bool:
-    """Whether the C ops take these tensors: fp32 on the CPU, and the library built. A
-    function of the machine, dtype and device only, so all callers of an op agree."""
-    return all(t.dtype == torch.float32 and t.device.type == "cpu" for t in ts) and (
+def serves_c(*ts: torch.Tensor, dtype: torch.dtype = torch.float32) -> bool:
+    """Whether the C ops take these tensors: `dtype` (fp32, or bf16 for the bf16 entry
+    points) on the CPU, and the library built. A function of the machine, dtype and device
+    only, so all callers of an op agree."""
+    return all(t.dtype == dtype and t.device.type == "cpu" for t in ts) and (
         c_library() is not None)
+
+
+def bf16_failed(code: int, op: str) -> None:
+    """A bf16 C call's return code: nonzero when it could not get its row buffers."""
+    if code:
+        raise MemoryError(f"{op} (bf16): out of memory for its row buffers")
+
+
+def _wants_grad(*ts: torch.Tensor) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in ts)
 
 
 def describe() -> str:
@@ -101,6 +120,23 @@ def rms_norm_aligned(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tens
     return _rms_norm_fwd(x, w, eps)[0]
 
 
+def rms_norm_bf16(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor | None:
+    """RMSNorm of bf16 rows in one C call: the fp32 C op on their values (w rounded to bf16),
+    each output rounded to bf16 once, i.e. the bits of the aligned op's bf16 definition
+    (`parity.model.kernels`: computed in fp32, rounded once). None where it does not serve:
+    gradients, a width not a multiple of 16, no C library; the caller takes that definition
+    through torch's conversions instead."""
+    d = x.shape[-1]
+    if d % 16 or _wants_grad(x, w) or not serves_c(x, dtype=torch.bfloat16):
+        return None
+    x, w = x.contiguous(), w.detach().to(torch.bfloat16).contiguous()
+    y = torch.empty_like(x)
+    bf16_failed(c_library().parity_rms_norm_bf16(x.data_ptr(), w.data_ptr(), eps, y.data_ptr(),
+                                                 x.numel() // d, d, c_threads(x.numel())),
+                "RMSNorm")
+    return y
+
+
 def rms_norm_standard(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     """As Hugging Face's: normalised in at least fp32, scaled in x's dtype."""
     xw = x.to(torch.promote_types(x.dtype, torch.float32))
@@ -119,6 +155,22 @@ def _silu_mul_fwd(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         return out
     d = torch.neg(gate).exp_().add_(1)  # one buffer, updated in place: 1 + e^-gate
     return torch.div(gate, d, out=d).mul_(up)
+
+
+def silu_mul_bf16(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor | None:
+    """SiLU*mul of bf16 rows in one C call, with the bits of the fp32 C op on their values
+    rounded to bf16 once (as `rms_norm_bf16`); None where it does not serve."""
+    width = gate.shape[-1]
+    if (gate.shape != up.shape or width % 16 or _wants_grad(gate, up)
+            or not serves_c(gate, up, dtype=torch.bfloat16)):
+        return None
+    g2, u2 = (t if t.stride(-1) == 1 else t.contiguous() for t in (gate, up))
+    g2, u2 = g2.reshape(-1, width), u2.reshape(-1, width)
+    out = torch.empty(gate.shape, dtype=gate.dtype)
+    bf16_failed(c_library().parity_silu_mul_bf16(g2.data_ptr(), g2.stride(0), u2.data_ptr(),
+                                                 u2.stride(0), out.data_ptr(), g2.shape[0],
+                                                 width, c_threads(out.numel())), "SiLU*mul")
+    return out
 
 
 def differentiable_silu_mul(forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]

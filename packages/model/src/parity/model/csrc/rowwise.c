@@ -1,5 +1,6 @@
-/* parity's row-wise ops in one pass each, fp32: RMSNorm (and the row's rms for the
- * backward), SiLU*mul, RoPE (alone, or with a paged cache's writes). Built by
+/* parity's row-wise ops in one pass each, fp32 (and bf16, see widen/narrow): RMSNorm (and
+ * the row's rms for the backward), SiLU*mul, RoPE (alone, or with a paged cache's writes).
+ * Built by
  * parity.model.native.
  *
  * Why every caller gets the same bits for an output: it is a function of its own row (and
@@ -11,8 +12,52 @@
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "vec16.h"
+
+/* bf16 and fp32. A bf16 is the top half of the fp32 it is, so widening is exact; narrowing
+ * rounds to nearest, ties to even, and a NaN becomes 0xffff: what torch's `.to(bfloat16)`
+ * gives (its vectorised conversion, which every tensor size takes). A bf16 entry point widens
+ * its operands, runs the fp32 op's own row function on them and narrows the result once: the
+ * bits of the fp32 op on the bf16 values, rounded to bf16, which is what parity's aligned ops
+ * define for bf16 (parity.model.kernels), without torch's conversions around the call. */
+static inline float widen1(uint16_t b) {
+    union { uint32_t u; float f; } v = {(uint32_t)b << 16};
+    return v.f;
+}
+
+static inline uint16_t narrow1(float f) {
+    union { float f; uint32_t u; } v = {f};
+    const uint32_t r = (v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16;
+    return f != f ? (uint16_t)0xffff : (uint16_t)r;
+}
+
+static void widen(const uint16_t *src, float *dst, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        dst[i] = widen1(src[i]);
+}
+
+static void narrow(const float *src, uint16_t *dst, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        dst[i] = narrow1(src[i]);
+}
+
+/* One row of RMSNorm: yr = xr / rms * w, returning rms (d a multiple of 16). Not inlined:
+ * the fp32 and bf16 entry points run the same instructions on a row. */
+__attribute__((noinline)) static float rms_row(const float *xr, const float *w, float eps,
+                                               float *yr, int64_t d) {
+    v16 acc = {0};
+    for (int64_t i = 0; i < d; i += 16) {
+        const v16 v = *(const v16u *)(xr + i);
+        acc += v * v;
+    }
+    const float rr = sqrtf(hsum(acc) / (float)d + eps);
+    const v16 div = splat(rr);
+    for (int64_t i = 0; i < d; i += 16)
+        *(v16u *)(yr + i) = *(const v16u *)(xr + i) / div * *(const v16u *)(w + i);
+    return rr;
+}
 
 /* x, y [rows, d] fp32 (d a multiple of 16), w [d], rms [rows]; rows split into `threads`
  * contiguous runs on OpenMP's threads (torch's pool). */
@@ -21,19 +66,45 @@ void parity_rms_norm(const float *x, const float *w, float eps, float *y, float 
 #pragma omp parallel num_threads(threads)
     {
         const int64_t t = omp_get_thread_num();
-        for (int64_t r = rows * t / threads; r < rows * (t + 1) / threads; r++) {
-            const float *xr = x + r * d;
-            v16 acc = {0};
-            for (int64_t i = 0; i < d; i += 16) {
-                const v16 v = *(const v16u *)(xr + i);
-                acc += v * v;
+        for (int64_t r = rows * t / threads; r < rows * (t + 1) / threads; r++)
+            rms[r] = rms_row(x + r * d, w, eps, y + r * d, d);
+    }
+}
+
+/* parity_rms_norm on bf16 x, w and y (no rms: the bf16 path serves calls without gradients).
+ * Returns 1 if it could not get its row buffers. */
+int parity_rms_norm_bf16(const uint16_t *x, const uint16_t *w, float eps, uint16_t *y,
+                         int64_t rows, int64_t d, int64_t threads) {
+    int failed = 0;
+#pragma omp parallel num_threads(threads) reduction(| : failed)
+    {
+        float *buf = aligned_alloc(64, (size_t)(3 * d) * sizeof(float));
+        if (!buf) {
+            failed = 1;
+        } else {
+            float *xr = buf, *wr = buf + d, *yr = buf + 2 * d;
+            widen(w, wr, d);
+            const int64_t t = omp_get_thread_num();
+            for (int64_t r = rows * t / threads; r < rows * (t + 1) / threads; r++) {
+                widen(x + r * d, xr, d);
+                rms_row(xr, wr, eps, yr, d);
+                narrow(yr, y + r * d, d);
             }
-            const float rr = sqrtf(hsum(acc) / (float)d + eps);
-            rms[r] = rr;
-            const v16 div = splat(rr);
-            for (int64_t i = 0; i < d; i += 16)
-                *(v16u *)(y + r * d + i) = *(const v16u *)(xr + i) / div * *(const v16u *)(w + i);
+            free(buf);
         }
+    }
+    return failed;
+}
+
+/* One row of SiLU*mul: out = gate / (1 + e^-gate) * up (width a multiple of 16). Not
+ * inlined, as rms_row. */
+__attribute__((noinline)) static void silu_row(const float *g, const float *u, float *out,
+                                               int64_t width) {
+    for (int64_t i = 0; i < width; i += 16) {
+        const v16 gv = *(const v16u *)(g + i);
+        /* beyond [-87, 88] silu is 0 or x to fp32's precision */
+        const v16 e = vexp(vmin(vmax(-gv, splat(-87.0f)), splat(88.0f)));
+        *(v16u *)(out + i) = gv / (e + 1.0f) * *(const v16u *)(u + i);
     }
 }
 
@@ -46,13 +117,33 @@ void parity_silu_mul(const float *gate, int64_t gate_ld, const float *up, int64_
     {
         const int64_t t = omp_get_thread_num();
         for (int64_t r = rows * t / threads; r < rows * (t + 1) / threads; r++)
-            for (int64_t i = 0; i < width; i += 16) {
-                const v16 g = *(const v16u *)(gate + r * gate_ld + i);
-                /* beyond [-87, 88] silu is 0 or x to fp32's precision */
-                const v16 e = vexp(vmin(vmax(-g, splat(-87.0f)), splat(88.0f)));
-                *(v16u *)(out + r * width + i) = g / (e + 1.0f) * *(const v16u *)(up + r * up_ld + i);
-            }
+            silu_row(gate + r * gate_ld, up + r * up_ld, out + r * width, width);
     }
+}
+
+/* parity_silu_mul on bf16 gate, up and out. Returns 1 if it could not get its row buffers. */
+int parity_silu_mul_bf16(const uint16_t *gate, int64_t gate_ld, const uint16_t *up,
+                         int64_t up_ld, uint16_t *out, int64_t rows, int64_t width,
+                         int64_t threads) {
+    int failed = 0;
+#pragma omp parallel num_threads(threads) reduction(| : failed)
+    {
+        float *buf = aligned_alloc(64, (size_t)(3 * width) * sizeof(float));
+        if (!buf) {
+            failed = 1;
+        } else {
+            float *g = buf, *u = buf + width, *o = buf + 2 * width;
+            const int64_t t = omp_get_thread_num();
+            for (int64_t r = rows * t / threads; r < rows * (t + 1) / threads; r++) {
+                widen(gate + r * gate_ld, g, width);
+                widen(up + r * up_ld, u, width);
+                silu_row(g, u, o, width);
+                narrow(o, out + r * width, width);
+            }
+            free(buf);
+        }
+    }
+    return failed;
 }
 
 /* One head's rotation, rotate-half convention: y = x * cos + rotate_half(x) * sin with
@@ -108,4 +199,45 @@ void parity_rope_store(const float *x, int64_t x_ld, const float *cos, const flo
             }
         }
     }
+}
+
+/* parity_rope_store on bf16: the QKV output x and the cache bf16, the rotated queries q bf16;
+ * each head widened, rotated by rope_head and narrowed (keys and queries), values copied.
+ * Returns 1 if it could not get its head buffers. */
+int parity_rope_store_bf16(const uint16_t *x, int64_t x_ld, const float *cos, const float *sin,
+                           int64_t rows, int64_t hq, int64_t hkv, int64_t d, uint16_t *q,
+                           uint16_t *k_store, uint16_t *v_store, const int64_t *slots,
+                           int64_t threads) {
+    int failed = 0;
+#pragma omp parallel num_threads(threads) reduction(| : failed)
+    {
+        float *buf = aligned_alloc(64, (size_t)(2 * d) * sizeof(float));
+        if (!buf) {
+            failed = 1;
+        } else {
+            float *in = buf, *rot = buf + d;
+            const int64_t t = omp_get_thread_num();
+            for (int64_t r = rows * t / threads; r < rows * (t + 1) / threads; r++) {
+                const uint16_t *xr = x + r * x_ld;
+                const float *c = cos + r * d, *s = sin + r * d;
+                for (int64_t h = 0; h < hq; h++) {
+                    widen(xr + h * d, in, d);
+                    rope_head(in, c, s, rot, d / 2);
+                    narrow(rot, q + (r * hq + h) * d, d);
+                }
+                for (int64_t h = 0; h < hkv; h++) {
+                    const int64_t slot = slots[r * hkv + h];
+                    widen(xr + (hq + h) * d, in, d);
+                    rope_head(in, c, s, rot, d / 2);
+                    narrow(rot, k_store + slot * d, d);
+                    const uint16_t *vr = xr + (hq + hkv + h) * d;
+                    uint16_t *out = v_store + slot * d;
+                    for (int64_t i = 0; i < d; i++)
+                        out[i] = vr[i];
+                }
+            }
+            free(buf);
+        }
+    }
+    return failed;
 }
