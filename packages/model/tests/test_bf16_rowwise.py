@@ -79,3 +79,19 @@ def test_with_gradients_the_bf16_ops_leave_it_to_the_differentiable_path():
     assert rowwise.rms_norm_bf16(x, torch.ones(64, dtype=torch.bfloat16), 1e-6) is None
     assert rowwise.silu_mul_bf16(x, x) is None
     assert rowwise.rms_norm_bf16(torch.randn(4, 40).bfloat16(), torch.ones(40), 1e-6) is None
+
+
+def test_the_start_up_proof_refuses_a_bf16_rounding_other_than_torchs(monkeypatch):
+    from parity.model import selfcheck
+
+    assert selfcheck.verify(SHAPES["tiny"], cache=False).ok
+    monkeypatch.setattr(rowwise, "rms_norm_bf16", _truncating(rowwise.rms_norm_bf16))
+    verdict = selfcheck.verify(SHAPES["tiny"], cache=False)
+    assert not verdict.ok and "bf16 rms_norm width 256 (C vs torch's rounding)" in verdict.failure
+
+
+def _truncating(op):
+    def run(x, w, eps):  # the C call with each output's last bit cleared
+        y = op(x, w, eps)
+        return (y.view(torch.int16) & ~1).view(torch.bfloat16)
+    return run

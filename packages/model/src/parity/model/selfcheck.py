@@ -19,7 +19,8 @@ What is probed (`Shapes.of(config)`), each at 1 and 2 threads and the process's 
               (batches of 2..17), chunked prefill continuing a cache (7, 64, 65 rows), and
               the sequence hidden among others in one call.
   row-wise    RMSNorm (hidden size; head dim with q/k norm), SiLU*mul (MLP width) and
-              log-softmax (vocabulary): a row alone and among m rows.
+              log-softmax (vocabulary): a row alone and among m rows; and the bf16 C
+              row-wise ops round as torch's conversions do (subnormals, ties, overflow, NaN).
 
 The verdict is cached per CPU model and flags, torch build, BLAS mode, the kernels' source,
 shape set and thread counts: in memory, and on disk under `$PARITY_CACHE_DIR` (default
@@ -42,14 +43,14 @@ from pathlib import Path
 
 import torch
 
-from parity.model import blas, fused, gemm, native, rowwise
+from parity.model import blas, fused, gemm, kernels, native, rowwise
 from parity.model.config import ModelConfig
 from parity.model.dtypes import dtype_name
 from parity.model.gemm import ROW_TILE, streams_bf16
 from parity.model.kernels import ALIGNED_CPU, Kernels
 from parity.model.layout import KV_TILE, SeqLayout
 
-PROBE_VERSION = 2
+PROBE_VERSION = 3
 SMALL_ROWS = tuple(range(1, 65))  # every decode batch and prefill piece up to 64 rows
 # Above FULL_SWEEP (weight elements or row width x rows) each call streams a large operand,
 # so only the row counts at both ends of each ROW_TILE class are probed, and all of 1..8:
@@ -216,7 +217,33 @@ def _rowwise(p: _Probe, s: Shapes) -> bool:
         return False
     return _rows_probe(p, f"log_softmax width {s.vocab}", p.kernels.log_softmax,
                        lambda rows: 3 * torch.randn(rows, s.vocab, generator=_gen(s.vocab, rows)),
-                       s.vocab)
+                       s.vocab) and _bf16_rounding(p, s)
+
+
+def _bf16_rounding(p: _Probe, s: Shapes) -> bool:
+    """The bf16 C row-wise ops (the engine's, without gradients) round as torch's
+    `.to(bfloat16)` does (the learner's, with them), on values whose outputs are subnormal,
+    ties, overflowing or NaN: both sides of a bf16 job then agree on every value."""
+    if rowwise.c_library() is None:
+        return True
+    g = _gen(*s.norms, 16)
+    width = max(s.mlp, *s.norms)
+    x = torch.randn(64, width, generator=g) * 10.0 ** torch.randint(-40, 39, (64, 1), generator=g)
+    x[0, :4] = torch.tensor([float("nan"), float("inf"), 1e-40, 3.3e38])
+    x = x.bfloat16()
+    for h in s.norms:
+        w = (torch.rand(h, generator=g) + 0.5).bfloat16()
+        got = rowwise.rms_norm_bf16(x[:, :h], w, 1e-6)
+        want = kernels._in_fp32(rowwise.rms_norm_aligned)(x[:, :h], w, 1e-6)
+        if got is not None and not p.same(got.view(torch.int16), want.view(torch.int16),
+                                          lambda h=h: f"bf16 rms_norm width {h} (C vs torch's "
+                                          f"rounding)"):
+            return False
+    x = x[:, :s.mlp]
+    got = rowwise.silu_mul_bf16(x, x.flip(-1))
+    want = kernels._in_fp32(rowwise.silu_mul_aligned)(x, x.flip(-1))
+    return got is None or p.same(got.view(torch.int16), want.view(torch.int16),
+                                 lambda: f"bf16 silu_mul width {s.mlp} (C vs torch's rounding)")
 
 
 def _dense(x: torch.Tensor, length: int) -> torch.Tensor:
