@@ -17,7 +17,8 @@ forward never runs.
 vLLM internals read here (vLLM 0.32, CPU): `get_forward_context().attn_metadata[name]`
 (`num_actual_tokens`, `query_start_loc`, `seq_lens`, `block_table`), the cache of layer
 `name` bound to its Attention module's `kv_cache`, laid out [blocks, Hkv, block_size, 2·D]
-with each (block, head) holding its key rows, then its value rows.
+with each (block, head) holding its key rows, then its value rows; and vLLM's per-weight
+oneDNN handle, the route of parity's GEMMs where it gives torch's bits (`onednn`).
 """
 
 from __future__ import annotations

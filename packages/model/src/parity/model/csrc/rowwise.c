@@ -43,6 +43,30 @@ static void narrow(const float *src, uint16_t *dst, int64_t n) {
         dst[i] = narrow1(src[i]);
 }
 
+/* A bf16 entry point's row r: widen its operands into buf, run the fp32 row function, narrow. */
+typedef void (*bf16_row)(const void *args, float *buf, int64_t r);
+
+/* row(args, buf, r) for every row, on `threads` contiguous runs as the fp32 entry points split
+ * them, each thread with a buffer of `floats` fp32 values (a multiple of 16). Returns 1 if a
+ * thread could not get its buffer. */
+static int bf16_rows(bf16_row row, const void *args, int64_t floats, int64_t rows,
+                     int64_t threads) {
+    int failed = 0;
+#pragma omp parallel num_threads(threads) reduction(| : failed)
+    {
+        float *buf = aligned_alloc(64, (size_t)floats * sizeof(float));
+        if (!buf) {
+            failed = 1;
+        } else {
+            const int64_t t = omp_get_thread_num();
+            for (int64_t r = rows * t / threads; r < rows * (t + 1) / threads; r++)
+                row(args, buf, r);
+            free(buf);
+        }
+    }
+    return failed;
+}
+
 /* One row of RMSNorm: yr = xr / rms * w, returning rms (d a multiple of 16). Not inlined:
  * the fp32 and bf16 entry points run the same instructions on a row. */
 __attribute__((noinline)) static float rms_row(const float *xr, const float *w, float eps,
@@ -71,29 +95,28 @@ void parity_rms_norm(const float *x, const float *w, float eps, float *y, float 
     }
 }
 
+struct rms_bf16 {
+    const uint16_t *x, *w;
+    float eps;
+    uint16_t *y;
+    int64_t d;
+};
+
+static void rms_bf16_row(const void *args, float *buf, int64_t r) {
+    const struct rms_bf16 *a = args;
+    float *xr = buf, *wr = buf + a->d, *yr = buf + 2 * a->d;
+    widen(a->w, wr, a->d);
+    widen(a->x + r * a->d, xr, a->d);
+    rms_row(xr, wr, a->eps, yr, a->d);
+    narrow(yr, a->y + r * a->d, a->d);
+}
+
 /* parity_rms_norm on bf16 x, w and y (no rms: the bf16 path serves calls without gradients).
  * Returns 1 if it could not get its row buffers. */
 int parity_rms_norm_bf16(const uint16_t *x, const uint16_t *w, float eps, uint16_t *y,
                          int64_t rows, int64_t d, int64_t threads) {
-    int failed = 0;
-#pragma omp parallel num_threads(threads) reduction(| : failed)
-    {
-        float *buf = aligned_alloc(64, (size_t)(3 * d) * sizeof(float));
-        if (!buf) {
-            failed = 1;
-        } else {
-            float *xr = buf, *wr = buf + d, *yr = buf + 2 * d;
-            widen(w, wr, d);
-            const int64_t t = omp_get_thread_num();
-            for (int64_t r = rows * t / threads; r < rows * (t + 1) / threads; r++) {
-                widen(x + r * d, xr, d);
-                rms_row(xr, wr, eps, yr, d);
-                narrow(yr, y + r * d, d);
-            }
-            free(buf);
-        }
-    }
-    return failed;
+    const struct rms_bf16 args = {x, w, eps, y, d};
+    return bf16_rows(rms_bf16_row, &args, 3 * d, rows, threads);
 }
 
 /* One row of SiLU*mul: out = gate / (1 + e^-gate) * up (width a multiple of 16). Not
@@ -121,29 +144,28 @@ void parity_silu_mul(const float *gate, int64_t gate_ld, const float *up, int64_
     }
 }
 
+struct silu_bf16 {
+    const uint16_t *gate, *up;
+    int64_t gate_ld, up_ld;
+    uint16_t *out;
+    int64_t width;
+};
+
+static void silu_bf16_row(const void *args, float *buf, int64_t r) {
+    const struct silu_bf16 *a = args;
+    float *g = buf, *u = buf + a->width, *o = buf + 2 * a->width;
+    widen(a->gate + r * a->gate_ld, g, a->width);
+    widen(a->up + r * a->up_ld, u, a->width);
+    silu_row(g, u, o, a->width);
+    narrow(o, a->out + r * a->width, a->width);
+}
+
 /* parity_silu_mul on bf16 gate, up and out. Returns 1 if it could not get its row buffers. */
 int parity_silu_mul_bf16(const uint16_t *gate, int64_t gate_ld, const uint16_t *up,
                          int64_t up_ld, uint16_t *out, int64_t rows, int64_t width,
                          int64_t threads) {
-    int failed = 0;
-#pragma omp parallel num_threads(threads) reduction(| : failed)
-    {
-        float *buf = aligned_alloc(64, (size_t)(3 * width) * sizeof(float));
-        if (!buf) {
-            failed = 1;
-        } else {
-            float *g = buf, *u = buf + width, *o = buf + 2 * width;
-            const int64_t t = omp_get_thread_num();
-            for (int64_t r = rows * t / threads; r < rows * (t + 1) / threads; r++) {
-                widen(gate + r * gate_ld, g, width);
-                widen(up + r * up_ld, u, width);
-                silu_row(g, u, o, width);
-                narrow(o, out + r * width, width);
-            }
-            free(buf);
-        }
-    }
-    return failed;
+    const struct silu_bf16 args = {gate, up, gate_ld, up_ld, out, width};
+    return bf16_rows(silu_bf16_row, &args, 3 * width, rows, threads);
 }
 
 /* One head's rotation, rotate-half convention: y = x * cos + rotate_half(x) * sin with
@@ -201,6 +223,38 @@ void parity_rope_store(const float *x, int64_t x_ld, const float *cos, const flo
     }
 }
 
+struct rope_store_bf16 {
+    const uint16_t *x;
+    int64_t x_ld;
+    const float *cos, *sin;
+    int64_t hq, hkv, d;
+    uint16_t *q, *k_store, *v_store;
+    const int64_t *slots;
+};
+
+static void rope_store_bf16_row(const void *args, float *buf, int64_t r) {
+    const struct rope_store_bf16 *a = args;
+    const int64_t d = a->d;
+    float *in = buf, *rot = buf + d;
+    const uint16_t *xr = a->x + r * a->x_ld;
+    const float *c = a->cos + r * d, *s = a->sin + r * d;
+    for (int64_t h = 0; h < a->hq; h++) {
+        widen(xr + h * d, in, d);
+        rope_head(in, c, s, rot, d / 2);
+        narrow(rot, a->q + (r * a->hq + h) * d, d);
+    }
+    for (int64_t h = 0; h < a->hkv; h++) {
+        const int64_t slot = a->slots[r * a->hkv + h];
+        widen(xr + (a->hq + h) * d, in, d);
+        rope_head(in, c, s, rot, d / 2);
+        narrow(rot, a->k_store + slot * d, d);
+        const uint16_t *vr = xr + (a->hq + a->hkv + h) * d;
+        uint16_t *out = a->v_store + slot * d;
+        for (int64_t i = 0; i < d; i++)
+            out[i] = vr[i];
+    }
+}
+
 /* parity_rope_store on bf16: the QKV output x and the cache bf16, the rotated queries q bf16;
  * each head widened, rotated by rope_head and narrowed (keys and queries), values copied.
  * Returns 1 if it could not get its head buffers. */
@@ -208,36 +262,7 @@ int parity_rope_store_bf16(const uint16_t *x, int64_t x_ld, const float *cos, co
                            int64_t rows, int64_t hq, int64_t hkv, int64_t d, uint16_t *q,
                            uint16_t *k_store, uint16_t *v_store, const int64_t *slots,
                            int64_t threads) {
-    int failed = 0;
-#pragma omp parallel num_threads(threads) reduction(| : failed)
-    {
-        float *buf = aligned_alloc(64, (size_t)(2 * d) * sizeof(float));
-        if (!buf) {
-            failed = 1;
-        } else {
-            float *in = buf, *rot = buf + d;
-            const int64_t t = omp_get_thread_num();
-            for (int64_t r = rows * t / threads; r < rows * (t + 1) / threads; r++) {
-                const uint16_t *xr = x + r * x_ld;
-                const float *c = cos + r * d, *s = sin + r * d;
-                for (int64_t h = 0; h < hq; h++) {
-                    widen(xr + h * d, in, d);
-                    rope_head(in, c, s, rot, d / 2);
-                    narrow(rot, q + (r * hq + h) * d, d);
-                }
-                for (int64_t h = 0; h < hkv; h++) {
-                    const int64_t slot = slots[r * hkv + h];
-                    widen(xr + (hq + h) * d, in, d);
-                    rope_head(in, c, s, rot, d / 2);
-                    narrow(rot, k_store + slot * d, d);
-                    const uint16_t *vr = xr + (hq + hkv + h) * d;
-                    uint16_t *out = v_store + slot * d;
-                    for (int64_t i = 0; i < d; i++)
-                        out[i] = vr[i];
-                }
-            }
-            free(buf);
-        }
-    }
-    return failed;
+    const struct rope_store_bf16 args = {x, x_ld, cos, sin, hq, hkv, d, q, k_store, v_store,
+                                         slots};
+    return bf16_rows(rope_store_bf16_row, &args, 2 * d, rows, threads);
 }
