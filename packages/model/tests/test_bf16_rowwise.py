@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from parity.model import rowwise
-from parity.model.kernels import _in_fp32
+from parity.model.kernels import in_fp32
 from parity.model.rope import RotaryTable, apply_rotary, rotate_and_store
 from parity.model.shapes import SHAPES
 
@@ -43,7 +43,7 @@ def test_rms_norm_in_bf16_is_the_fp32_op_rounded_once(seed, rows, width, special
     w = _values(seed + 1, 1, width, False)[0]
     got = rowwise.rms_norm_bf16(x, w, 1e-6)
     assert got is not None and got.dtype == torch.bfloat16
-    assert torch.equal(_bits(got), _bits(_in_fp32(rowwise.rms_norm_aligned)(x, w, 1e-6)))
+    assert torch.equal(_bits(got), _bits(in_fp32(rowwise.rms_norm_aligned)(x, w, 1e-6)))
 
 
 @SETTINGS
@@ -54,7 +54,7 @@ def test_silu_mul_in_bf16_is_the_fp32_op_rounded_once(seed, rows, width, special
     gate, up = both[:, :width], both[:, width:]
     got = rowwise.silu_mul_bf16(gate, up)
     assert got is not None
-    assert torch.equal(_bits(got), _bits(_in_fp32(rowwise.silu_mul_aligned)(gate, up)))
+    assert torch.equal(_bits(got), _bits(in_fp32(rowwise.silu_mul_aligned)(gate, up)))
 
 
 @SETTINGS

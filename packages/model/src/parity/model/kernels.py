@@ -96,7 +96,7 @@ class Kernels:
     log_softmax: Callable[[torch.Tensor], torch.Tensor] = _log_softmax
 
 
-def _in_fp32(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+def in_fp32(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
     """fn as an aligned op for bf16 inputs too: its tensor arguments rounded to the first
     one's dtype and computed in fp32, the output rounded back to bf16 (other dtypes: fn)."""
 
@@ -112,9 +112,9 @@ def _in_fp32(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
 
 def _bf16_first(bf16: Callable[..., torch.Tensor | None], fn: Callable[..., torch.Tensor]
                 ) -> Callable[..., torch.Tensor]:
-    """`_in_fp32(fn)`, with bf16 inputs taken by `bf16` first where it serves (the C row-wise
+    """`in_fp32(fn)`, with bf16 inputs taken by `bf16` first where it serves (the C row-wise
     ops on bf16 values: the same bits without torch's conversions around the fp32 call)."""
-    wide = _in_fp32(fn)
+    wide = in_fp32(fn)
 
     def op(x: torch.Tensor, *args: object) -> torch.Tensor:
         if x.dtype == torch.bfloat16:
@@ -142,6 +142,6 @@ class AlignmentError(RuntimeError):
 # The CPU set; `parity.model.devices.ALIGNED` adds CUDA tensors (the Triton set) to it.
 ALIGNED_CPU = Kernels("aligned", linear_aligned, linears_aligned,
                       _bf16_first(rms_norm_bf16, rms_norm_aligned),
-                      _bf16_first(silu_mul_bf16, silu_mul_aligned), _in_fp32(attention_aligned))
+                      _bf16_first(silu_mul_bf16, silu_mul_aligned), in_fp32(attention_aligned))
 STANDARD = Kernels("standard", _linear_standard, _linears_standard, rms_norm_standard,
                    silu_mul_standard, attention_standard)

@@ -43,11 +43,11 @@ from pathlib import Path
 
 import torch
 
-from parity.model import blas, fused, gemm, kernels, native, rowwise
+from parity.model import blas, fused, gemm, native, rowwise
 from parity.model.config import ModelConfig
 from parity.model.dtypes import dtype_name
 from parity.model.gemm import ROW_TILE, streams_bf16
-from parity.model.kernels import ALIGNED_CPU, Kernels
+from parity.model.kernels import ALIGNED_CPU, Kernels, in_fp32
 from parity.model.layout import KV_TILE, SeqLayout
 
 PROBE_VERSION = 3
@@ -231,19 +231,18 @@ def _bf16_rounding(p: _Probe, s: Shapes) -> bool:
     x = torch.randn(64, width, generator=g) * 10.0 ** torch.randint(-40, 39, (64, 1), generator=g)
     x[0, :4] = torch.tensor([float("nan"), float("inf"), 1e-40, 3.3e38])
     x = x.bfloat16()
-    for h in s.norms:
-        w = (torch.rand(h, generator=g) + 0.5).bfloat16()
-        got = rowwise.rms_norm_bf16(x[:, :h], w, 1e-6)
-        want = kernels._in_fp32(rowwise.rms_norm_aligned)(x[:, :h], w, 1e-6)
-        if got is not None and not p.same(got.view(torch.int16), want.view(torch.int16),
-                                          lambda h=h: f"bf16 rms_norm width {h} (C vs torch's "
-                                          f"rounding)"):
+    m = x[:, :s.mlp]
+    cases = [(f"rms_norm width {h}", rowwise.rms_norm_bf16, rowwise.rms_norm_aligned,
+              (x[:, :h], (torch.rand(h, generator=g) + 0.5).bfloat16(), 1e-6)) for h in s.norms]
+    cases.append((f"silu_mul width {s.mlp}", rowwise.silu_mul_bf16, rowwise.silu_mul_aligned,
+                  (m, m.flip(-1))))
+    for name, c_op, fp32_op, args in cases:
+        got = c_op(*args)
+        if got is not None and not p.same(got.view(torch.int16),
+                                          in_fp32(fp32_op)(*args).view(torch.int16),
+                                          lambda name=name: f"bf16 {name} (C vs torch's rounding)"):
             return False
-    x = x[:, :s.mlp]
-    got = rowwise.silu_mul_bf16(x, x.flip(-1))
-    want = kernels._in_fp32(rowwise.silu_mul_aligned)(x, x.flip(-1))
-    return got is None or p.same(got.view(torch.int16), want.view(torch.int16),
-                                 lambda: f"bf16 silu_mul width {s.mlp} (C vs torch's rounding)")
+    return True
 
 
 def _dense(x: torch.Tensor, length: int) -> torch.Tensor:

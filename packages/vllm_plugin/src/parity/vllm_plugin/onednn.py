@@ -87,10 +87,11 @@ def install(cfg: ModelConfig) -> str:
         return f"{gemm.TORCH_ONEDNN.name} (PARITY_VLLM_ONEDNN=0)"
     if not gemm.ONEDNN or not hasattr(torch.ops._C, "create_onednn_mm_handler"):
         return f"{gemm.TORCH_ONEDNN.name} (this vLLM build has no onednn_mm)"
+    route = VllmHandles()
     with torch.no_grad():  # every dtype with GEMMs of its own: what the fingerprint runs
-        why = difference(VllmHandles(), cfg, linear_dtypes())
+        why = difference(route, cfg, linear_dtypes())
     if why is not None:
         logger.warning("parity keeps torch's oneDNN route: %s", why)
         return f"{gemm.TORCH_ONEDNN.name} ({why})"
-    gemm.use_onednn(VllmHandles())
-    return f"{VllmHandles.name} (torch's bits on every GEMM shape of the model)"
+    gemm.use_onednn(route)
+    return f"{route.name} (torch's bits on every GEMM shape of the model)"

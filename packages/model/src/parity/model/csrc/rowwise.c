@@ -96,7 +96,8 @@ void parity_rms_norm(const float *x, const float *w, float eps, float *y, float 
 }
 
 struct rms_bf16 {
-    const uint16_t *x, *w;
+    const uint16_t *x;
+    const float *w; /* widened once for all rows */
     float eps;
     uint16_t *y;
     int64_t d;
@@ -104,19 +105,24 @@ struct rms_bf16 {
 
 static void rms_bf16_row(const void *args, float *buf, int64_t r) {
     const struct rms_bf16 *a = args;
-    float *xr = buf, *wr = buf + a->d, *yr = buf + 2 * a->d;
-    widen(a->w, wr, a->d);
+    float *xr = buf, *yr = buf + a->d;
     widen(a->x + r * a->d, xr, a->d);
-    rms_row(xr, wr, a->eps, yr, a->d);
+    rms_row(xr, a->w, a->eps, yr, a->d);
     narrow(yr, a->y + r * a->d, a->d);
 }
 
 /* parity_rms_norm on bf16 x, w and y (no rms: the bf16 path serves calls without gradients).
- * Returns 1 if it could not get its row buffers. */
+ * Returns 1 if it could not get its buffers. */
 int parity_rms_norm_bf16(const uint16_t *x, const uint16_t *w, float eps, uint16_t *y,
                          int64_t rows, int64_t d, int64_t threads) {
-    const struct rms_bf16 args = {x, w, eps, y, d};
-    return bf16_rows(rms_bf16_row, &args, 3 * d, rows, threads);
+    float *wf = aligned_alloc(64, (size_t)d * sizeof(float));
+    if (!wf)
+        return 1;
+    widen(w, wf, d);
+    const struct rms_bf16 args = {x, wf, eps, y, d};
+    const int failed = bf16_rows(rms_bf16_row, &args, 2 * d, rows, threads);
+    free(wf);
+    return failed;
 }
 
 /* One row of SiLU*mul: out = gate / (1 + e^-gate) * up (width a multiple of 16). Not
