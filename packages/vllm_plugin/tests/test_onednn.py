@@ -14,7 +14,7 @@ from parity.engine.vllm.environment import vllm_env_problem, vllm_python
 from parity.model import gemm
 from parity.model.kernels import ALIGNED_CPU
 from parity.model.shapes import TINY
-from parity.vllm_plugin.onednn import difference
+from parity.model.selfcheck import route_difference as difference
 
 pytestmark = pytest.mark.skipif(not gemm.ONEDNN, reason="torch without oneDNN")
 

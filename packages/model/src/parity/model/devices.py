@@ -15,7 +15,7 @@ from typing import TypeVar
 
 import torch
 
-from parity.model import blas, gemm
+from parity.model import blas, gemm, panels
 from parity.model.config import ModelConfig
 from parity.model.kernels import ALIGNED_CPU, STANDARD, AlignmentError, KernelMode, Kernels
 from parity.model.selfcheck import Verdict, refusal, verify
@@ -68,6 +68,7 @@ def require_alignment(cfg: ModelConfig, device: torch.device | str | None = None
 
         return require_device_alignment(cfg, torch.device(device))
     blas.configure()  # strict CNR, if MKL has not run yet in this process (parity.model.blas)
+    panels.take(cfg)  # fp32 GEMMs on parity's panels where they give oneDNN's bits
     verdict = verify(cfg)
     if not verdict.ok:
         raise AlignmentError(refusal(verdict))

@@ -119,12 +119,12 @@ def machine() -> dict:
 
 def _kernel_source() -> str:
     """A hash of the code whose arithmetic is proved: a change to it voids cached verdicts."""
-    from parity.model import attention, gemm, kernels, layout, rope
+    from parity.model import attention, gemm, kernels, layout, panels, rope
 
     h = hashlib.sha256()
-    for module in (attention, blas, fused, gemm, kernels, layout, native, rope, rowwise):
+    for module in (attention, blas, fused, gemm, kernels, layout, native, panels, rope, rowwise):
         h.update(Path(module.__file__).read_bytes())
-    for source in (fused.SOURCE, rowwise.SOURCE, *sorted(native.CSRC.glob("*.h"))):
+    for source in (fused.SOURCE, rowwise.SOURCE, panels.SOURCE, *sorted(native.CSRC.glob("*.h"))):
         h.update(source.read_bytes())
     h.update(Path(__file__).read_bytes())
     return h.hexdigest()[:16]
@@ -204,6 +204,41 @@ def linear_dtypes() -> tuple[torch.dtype, ...]:
     """The dtypes whose linears run their own GEMMs here: fp32, and bf16 where it streams bf16
     (elsewhere a bf16 linear is the fp32 GEMM on bf16 values)."""
     return (torch.float32, torch.bfloat16) if streams_bf16() else (torch.float32,)
+
+
+# A GEMM route against torch's: ROW_TILE multiples (decode, BF16_ROWS, prefill); for large
+# weights (the vocabulary's head) two, to keep it to about a second at 0.5B. The proof then
+# shows the taken route row-invariant at every count 1..64 and learner-sized ones, which with
+# equal bits at one count gives equal bits at all
+ROUTE_ROWS, ROUTE_LARGE_ROWS, ROUTE_LARGE = (8, 16, 24, 32, 64, 136), (8, 32), 2**24
+
+
+def route_difference(route: gemm.OneDnnGemm, cfg: ModelConfig | Shapes,
+                     dtypes: tuple[torch.dtype, ...]) -> str | None:
+    """Where `route` and torch's oneDNN route give different bits on cfg's GEMMs (each shape
+    at ROUTE_ROWS or ROUTE_LARGE_ROWS rows, 1 and the process's threads, random weights,
+    inputs and biases), or None. What a process checks before it swaps routes
+    (`gemm.use_onednn`)."""
+    shapes = cfg if isinstance(cfg, Shapes) else Shapes.of(cfg)
+    threads = torch.get_num_threads()
+    try:
+        for (k, n, bias), dtype in itertools.product(shapes.linears, dtypes):
+            g = torch.Generator().manual_seed(k * 31 + n)
+            w = torch.randn(n, k, generator=g).to(dtype).contiguous()
+            b = torch.randn(n, generator=g).to(dtype) if bias else None
+            mine, torch_s = route.prepare(w), gemm.TORCH_ONEDNN.prepare(w)
+            counts = ROUTE_ROWS if k * n <= ROUTE_LARGE else ROUTE_LARGE_ROWS
+            for rows, t in itertools.product(counts, sorted({1, threads})):
+                if dtype == torch.bfloat16 and rows > gemm.BF16_ROWS:
+                    continue  # bf16 GEMMs are called with at most BF16_ROWS rows
+                torch.set_num_threads(t)
+                x = torch.randn(rows, k, generator=g).to(dtype)
+                if not torch.equal(route.run(x, mine, b), gemm.TORCH_ONEDNN.run(x, torch_s, b)):
+                    return (f"{route.name} and torch's oneDNN route differ on the GEMM {k} -> "
+                            f"{n} in {dtype} at {rows} rows, {t} thread(s)")
+    finally:
+        torch.set_num_threads(threads)
+    return None
 
 
 def _rowwise(p: _Probe, s: Shapes) -> bool:

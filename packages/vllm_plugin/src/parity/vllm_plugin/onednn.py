@@ -14,7 +14,6 @@ fingerprint it shows at /health then run on the route it took.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 from typing import Any
@@ -23,16 +22,9 @@ import torch
 
 from parity.model import gemm
 from parity.model.config import ModelConfig
-from parity.model.selfcheck import Shapes, linear_dtypes
+from parity.model.selfcheck import linear_dtypes, route_difference
 
 logger = logging.getLogger(__name__)
-
-# ROW_TILE multiples: decode, BF16_ROWS, prefill; for large weights (the vocabulary's head)
-# two, to keep the comparison to about a second at 0.5B. The start-up proof then shows the
-# taken route row-invariant at every count 1..64 and learner-sized ones, which with equal bits
-# at one count gives equal bits at all
-ROWS, LARGE_ROWS, LARGE = (8, 16, 24, 32, 64, 136), (8, 32), 2**24
-
 
 class VllmHandles(gemm.OneDnnGemm):
     """Each prepared weight is a vLLM `onednn_mm` handle (it holds its own packed copy)."""
@@ -53,32 +45,6 @@ class VllmHandles(gemm.OneDnnGemm):
         return out
 
 
-def difference(route: gemm.OneDnnGemm, cfg: ModelConfig, dtypes: tuple[torch.dtype, ...]
-               ) -> str | None:
-    """Where `route` and torch's route give different bits on cfg's GEMMs (each shape at ROWS
-    or LARGE_ROWS rows, 1 and the process's threads, random weights, inputs and biases), or
-    None."""
-    threads = torch.get_num_threads()
-    try:
-        for (k, n, bias), dtype in itertools.product(Shapes.of(cfg).linears, dtypes):
-            g = torch.Generator().manual_seed(k * 31 + n)
-            w = torch.randn(n, k, generator=g).to(dtype).contiguous()
-            b = torch.randn(n, generator=g).to(dtype) if bias else None
-            mine, torch_s = route.prepare(w), gemm.TORCH_ONEDNN.prepare(w)
-            counts = ROWS if k * n <= LARGE else LARGE_ROWS
-            for rows, t in itertools.product(counts, sorted({1, threads})):
-                if dtype == torch.bfloat16 and rows > gemm.BF16_ROWS:
-                    continue  # bf16 GEMMs are called with at most BF16_ROWS rows
-                torch.set_num_threads(t)
-                x = torch.randn(rows, k, generator=g).to(dtype)
-                if not torch.equal(route.run(x, mine, b), gemm.TORCH_ONEDNN.run(x, torch_s, b)):
-                    return (f"{route.name} and torch's oneDNN route differ on the GEMM {k} -> "
-                            f"{n} in {dtype} at {rows} rows, {t} thread(s)")
-    finally:
-        torch.set_num_threads(threads)
-    return None
-
-
 def install(cfg: ModelConfig) -> str:
     """Take vLLM's handles for this process's oneDNN GEMMs if they give torch's bits on
     cfg's shapes; returns which route the GEMMs take and why. `PARITY_VLLM_ONEDNN=0` keeps
@@ -89,7 +55,7 @@ def install(cfg: ModelConfig) -> str:
         return f"{gemm.TORCH_ONEDNN.name} (this vLLM build has no onednn_mm)"
     route = VllmHandles()
     with torch.no_grad():  # every dtype with GEMMs of its own: what the fingerprint runs
-        why = difference(route, cfg, linear_dtypes())
+        why = route_difference(route, cfg, linear_dtypes())
     if why is not None:
         logger.warning("parity keeps torch's oneDNN route: %s", why)
         return f"{gemm.TORCH_ONEDNN.name} ({why})"

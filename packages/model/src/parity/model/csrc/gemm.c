@@ -1,0 +1,97 @@
+/* parity's fp32 GEMM over weights held in column panels: y [M, N] = x [M, K] W^T (+ b), the
+ * bits of oneDNN's fp32 matmul where the caller has found its K block (parity.model.panels).
+ * Built by parity.model.native.
+ *
+ * The weight W [N, K] is held as panels of PANEL output columns, k-major: panel p holds
+ * W[p*PANEL + j, k] at [p][k][j] (the last panel zero-padded), so each thread streams one
+ * contiguous run of memory, a software prefetch PREFETCH k-steps ahead into L2: oneDNN's
+ * kernel reads its blocked weight at 19-21 GB/s on 8 rows here, these panels at 24-26
+ * (Sapphire Rapids, 2 threads, the 0.5B model's shapes).
+ *
+ * Why each output has the same bits in every call: y[m, n] is a function of row m of x, column
+ * n of W, kb and b[n] alone. Within each block of kb values of k from 0, one FMA per k in k's
+ * order from 0 (starting at +0); the blocks' sums added in order; then the bias. Which rows
+ * or threads share the call never enters (threads split the panels; rows go through in tiles
+ * of ROWS, each row its own accumulators). That is the order oneDNN's fp32 brgemm kernel
+ * keeps (each row's FMAs over K blocks, one accumulator per block), so with oneDNN's K block
+ * it gives oneDNN's bits: measured, and compared shape by shape before use. */
+#include <omp.h>
+#include <stdint.h>
+
+#include "vec16.h"
+
+#define PANEL 32    /* output columns per panel: two vectors */
+#define ROWS 8      /* rows per tile: 16 accumulators, the weights' two vectors, a broadcast */
+#define PREFETCH 48 /* k-steps (128 bytes each) ahead */
+
+static inline v16 broadcast(float x) {
+    return (v16){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x};
+}
+
+/* out [ROWS][PANEL] = rows x [ROWS, K] (`ldx` apart) times one panel p [K][PANEL]. */
+static void tile(const float *x, int64_t ldx, const float *p, int64_t k_len, int64_t kb,
+                 float *out) {
+    v16 sum[ROWS][2];
+    for (int64_t s = 0; s < k_len; s += kb) {
+        const int64_t e = s + kb < k_len ? s + kb : k_len;
+        v16 a[ROWS][2];
+#pragma GCC unroll 8
+        for (int m = 0; m < ROWS; m++)
+            a[m][0] = a[m][1] = splat(0.0f);
+        for (int64_t k = s; k < e; k++) {
+            __builtin_prefetch(p + (k + PREFETCH) * PANEL, 0, 2);
+            __builtin_prefetch(p + (k + PREFETCH) * PANEL + 16, 0, 2);
+            const v16 w0 = *(const v16 *)(p + k * PANEL), w1 = *(const v16 *)(p + k * PANEL + 16);
+#pragma GCC unroll 8
+            for (int m = 0; m < ROWS; m++) {
+                const v16 xm = broadcast(x[m * ldx + k]);
+                a[m][0] = xm * w0 + a[m][0];
+                a[m][1] = xm * w1 + a[m][1];
+            }
+        }
+#pragma GCC unroll 8
+        for (int m = 0; m < ROWS; m++) {
+            sum[m][0] = s == 0 ? a[m][0] : sum[m][0] + a[m][0];
+            sum[m][1] = s == 0 ? a[m][1] : sum[m][1] + a[m][1];
+        }
+    }
+    for (int m = 0; m < ROWS; m++) {
+        *(v16 *)(out + m * PANEL) = sum[m][0];
+        *(v16 *)(out + m * PANEL + 16) = sum[m][1];
+    }
+}
+
+/* W [n, k] (rows `ldw` apart) into panels [ceil(n / PANEL)][k][PANEL], zero-padded. */
+void parity_gemm_panels(const float *w, int64_t ldw, int64_t n, int64_t k, float *panels) {
+    const int64_t count = (n + PANEL - 1) / PANEL;
+#pragma omp parallel for
+    for (int64_t p = 0; p < count; p++)
+        for (int64_t kk = 0; kk < k; kk++)
+            for (int64_t j = 0; j < PANEL; j++) {
+                const int64_t col = p * PANEL + j;
+                panels[(p * k + kk) * PANEL + j] = col < n ? w[col * ldw + kk] : 0.0f;
+            }
+}
+
+/* y [m, n] = x [m, k] times the panels of W, plus bias [n] (or NULL); m a multiple of ROWS,
+ * kb the K block. On `threads` threads, each a contiguous run of panels. */
+void parity_gemm(const float *x, int64_t m, int64_t k, const float *panels, int64_t n,
+                 const float *bias, float *y, int64_t kb, int64_t threads) {
+    const int64_t count = (n + PANEL - 1) / PANEL;
+#pragma omp parallel num_threads(threads)
+    {
+        const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+        float out[ROWS * PANEL] __attribute__((aligned(64)));
+        for (int64_t p = count * t / nt; p < count * (t + 1) / nt; p++) {
+            const int64_t cols = n - p * PANEL < PANEL ? n - p * PANEL : PANEL;
+            for (int64_t m0 = 0; m0 < m; m0 += ROWS) {
+                tile(x + m0 * k, k, panels + p * k * PANEL, k, kb, out);
+                for (int r = 0; r < ROWS; r++) {
+                    float *yr = y + (m0 + r) * n + p * PANEL;
+                    for (int64_t j = 0; j < cols; j++)
+                        yr[j] = bias ? out[r * PANEL + j] + bias[p * PANEL + j] : out[r * PANEL + j];
+                }
+            }
+        }
+    }
+}
