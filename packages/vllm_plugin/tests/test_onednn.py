@@ -13,8 +13,8 @@ import torch
 from parity.engine.vllm.environment import vllm_env_problem, vllm_python
 from parity.model import gemm
 from parity.model.kernels import ALIGNED_CPU
-from parity.model.shapes import TINY
 from parity.model.selfcheck import route_difference as difference
+from parity.model.shapes import TINY
 
 pytestmark = pytest.mark.skipif(not gemm.ONEDNN, reason="torch without oneDNN")
 
