@@ -35,18 +35,23 @@ def route():
 
 @settings(max_examples=25, deadline=None)
 @given(n=st.integers(2, 150), k=st.integers(1, 1200), tiles=st.integers(1, 5),
-       bias=st.booleans(), threads=st.sampled_from([1, 2]), seed=st.integers(0, 2**31))
-def test_panels_give_onednns_bits_with_its_k_block(n, k, tiles, bias, threads, seed):
+       bias=st.booleans(), threads=st.sampled_from([1, 2]), bf16_values=st.booleans(),
+       seed=st.integers(0, 2**31))
+def test_panels_give_onednns_bits_with_its_k_block(n, k, tiles, bias, threads, bf16_values, seed):
     g = torch.Generator().manual_seed(seed)
     w = torch.randn(n, k, generator=g)
+    if bf16_values:  # a bf16 model's weights: held as bf16 panels, widened in the kernel
+        w = w.to(torch.bfloat16).float()
     b = torch.randn(n, generator=g) if bias else None
     x = torch.randn(8 * tiles, k, generator=g)
     kb = panels.k_block(gemm.TORCH_ONEDNN, n, k)
     assert kb is not None, f"no K block gives oneDNN's bits at {k} -> {n}"
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
+    packed = panels.pack(w, kb)
+    assert packed.data.dtype == (torch.bfloat16 if bf16_values else torch.float32)
     try:
-        got = panels.multiply(x, panels.pack(w, kb), b)
+        got = panels.multiply(x, packed, b)
     finally:
         torch.set_num_threads(before)
     assert torch.equal(bits(got), bits(onednn(x, w, b)))

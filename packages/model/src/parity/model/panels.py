@@ -47,7 +47,8 @@ def c_library() -> ctypes.CDLL | None:
         return None
     p, i = ctypes.c_void_p, ctypes.c_int64
     dll.parity_gemm_panels.argtypes = [p, i, i, i, p]
-    dll.parity_gemm.argtypes = [p, i, i, p, i, p, p, i, i]
+    dll.parity_gemm_panels_bf16.argtypes = [p, i, i, i, p]
+    dll.parity_gemm.argtypes = [p, i, i, p, i, i, p, p, i, i]
     return dll
 
 
@@ -55,17 +56,21 @@ def c_library() -> ctypes.CDLL | None:
 class Panels:
     """A weight [n, k] as csrc/gemm.c reads it, and oneDNN's K block for its shape."""
 
-    data: torch.Tensor  # [ceil(n / PANEL), k, PANEL] fp32
+    data: torch.Tensor  # [ceil(n / PANEL), k, PANEL], fp32 or bf16 (values that are bf16)
     n: int
     k: int
     kb: int
 
 
 def pack(w: torch.Tensor, kb: int) -> Panels:
-    """w [n, k] (fp32, contiguous) in column panels."""
+    """w [n, k] (fp32, contiguous) in column panels: held in bf16 if every value is a bf16
+    value (a bf16 model's weights as its fp32 GEMMs read them; the kernel widens them, exactly,
+    so the bits are those of the fp32 panels with half the bytes streamed)."""
     n, k = w.shape
-    data = torch.empty(-(-n // PANEL), k, PANEL)
-    c_library().parity_gemm_panels(w.data_ptr(), w.stride(0), n, k, data.data_ptr())
+    half = bool(torch.equal(w, w.to(torch.bfloat16).float()))
+    data = torch.empty(-(-n // PANEL), k, PANEL, dtype=torch.bfloat16 if half else torch.float32)
+    fill = c_library().parity_gemm_panels_bf16 if half else c_library().parity_gemm_panels
+    fill(w.data_ptr(), w.stride(0), n, k, data.data_ptr())
     return Panels(data, n, k, kb)
 
 
@@ -75,7 +80,8 @@ def multiply(x: torch.Tensor, w: Panels, b: torch.Tensor | None) -> torch.Tensor
     m = x.shape[0]
     y = torch.empty(m, w.n)
     threads = 1 if m * w.n * w.k < _ONE_THREAD else min(torch.get_num_threads(), w.data.shape[0])
-    c_library().parity_gemm(x.data_ptr(), m, w.k, w.data.data_ptr(), w.n,
+    c_library().parity_gemm(x.data_ptr(), m, w.k, w.data.data_ptr(),
+                            int(w.data.dtype == torch.bfloat16), w.n,
                             None if b is None else b.contiguous().data_ptr(), y.data_ptr(),
                             w.kb, threads)
     return y

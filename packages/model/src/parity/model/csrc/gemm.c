@@ -28,9 +28,24 @@ static inline v16 broadcast(float x) {
     return (v16){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x};
 }
 
-/* out [ROWS][PANEL] = rows x [ROWS, K] (`ldx` apart) times one panel p [K][PANEL]. */
-static void tile(const float *x, int64_t ldx, const float *p, int64_t k_len, int64_t kb,
-                 float *out) {
+typedef uint16_t h16 __attribute__((vector_size(32), aligned(2)));
+typedef uint32_t u16v __attribute__((vector_size(64)));
+
+/* 16 weights of a panel row as fp32: loaded, or bf16 ones widened (exact: a bf16 is the top
+ * half of the fp32 it is), so both storages give the same products. */
+static inline v16 weights(const void *p, int64_t i, int half) {
+    if (!half)
+        return *(const v16 *)((const float *)p + i);
+    return (v16)(__builtin_convertvector(*(const h16 *)((const uint16_t *)p + i), u16v) << 16);
+}
+
+/* out [ROWS][PANEL] = rows x [ROWS, K] (`ldx` apart) times one panel p [K][PANEL] (fp32, or
+ * bf16 if `half`: the same arithmetic on the widened values, half the bytes streamed). */
+static inline __attribute__((always_inline)) void tile(const float *x, int64_t ldx,
+                                                       const void *p, int64_t k_len,
+                                                       int64_t kb, int half, float *out) {
+    const char *bytes = p;
+    const int64_t step = PANEL * (half ? 2 : 4); /* bytes per k */
     v16 sum[ROWS][2];
     for (int64_t s = 0; s < k_len; s += kb) {
         const int64_t e = s + kb < k_len ? s + kb : k_len;
@@ -39,9 +54,10 @@ static void tile(const float *x, int64_t ldx, const float *p, int64_t k_len, int
         for (int m = 0; m < ROWS; m++)
             a[m][0] = a[m][1] = splat(0.0f);
         for (int64_t k = s; k < e; k++) {
-            __builtin_prefetch(p + (k + PREFETCH) * PANEL, 0, 2);
-            __builtin_prefetch(p + (k + PREFETCH) * PANEL + 16, 0, 2);
-            const v16 w0 = *(const v16 *)(p + k * PANEL), w1 = *(const v16 *)(p + k * PANEL + 16);
+            __builtin_prefetch(bytes + (k + PREFETCH) * step, 0, 2);
+            if (!half)
+                __builtin_prefetch(bytes + (k + PREFETCH) * step + 64, 0, 2);
+            const v16 w0 = weights(p, k * PANEL, half), w1 = weights(p, k * PANEL + 16, half);
 #pragma GCC unroll 8
             for (int m = 0; m < ROWS; m++) {
                 const v16 xm = broadcast(x[m * ldx + k]);
@@ -61,31 +77,46 @@ static void tile(const float *x, int64_t ldx, const float *p, int64_t k_len, int
     }
 }
 
-/* W [n, k] (rows `ldw` apart) into panels [ceil(n / PANEL)][k][PANEL], zero-padded. */
-void parity_gemm_panels(const float *w, int64_t ldw, int64_t n, int64_t k, float *panels) {
-    const int64_t count = (n + PANEL - 1) / PANEL;
-#pragma omp parallel for
-    for (int64_t p = 0; p < count; p++)
-        for (int64_t kk = 0; kk < k; kk++)
-            for (int64_t j = 0; j < PANEL; j++) {
-                const int64_t col = p * PANEL + j;
-                panels[(p * k + kk) * PANEL + j] = col < n ? w[col * ldw + kk] : 0.0f;
+/* W [n, k] (rows `ldw` apart) into panels [ceil(n / PANEL)][k][PANEL], zero-padded: fp32
+ * values, or (parity_gemm_panels_bf16) the top halves of fp32 values that are bf16 values. */
+#define PACK(T, VALUE)                                                                       \
+    const int64_t count = (n + PANEL - 1) / PANEL;                                            \
+    _Pragma("omp parallel for") for (int64_t p = 0; p < count; p++)                           \
+        for (int64_t k0 = 0; k0 < k; k0 += 16) /* 16 x PANEL blocks: whole lines read */       \
+            for (int64_t j = 0; j < PANEL; j++) {                                             \
+                const int64_t col = p * PANEL + j;                                            \
+                for (int64_t kk = k0; kk < k0 + 16 && kk < k; kk++)                           \
+                    ((T *)panels)[(p * k + kk) * PANEL + j] = col < n ? VALUE : 0;            \
             }
+
+void parity_gemm_panels(const float *w, int64_t ldw, int64_t n, int64_t k, float *panels) {
+    PACK(float, w[col * ldw + kk])
 }
 
-/* y [m, n] = x [m, k] times the panels of W, plus bias [n] (or NULL); m a multiple of ROWS,
- * kb the K block. On `threads` threads, each a contiguous run of panels. */
-void parity_gemm(const float *x, int64_t m, int64_t k, const float *panels, int64_t n,
-                 const float *bias, float *y, int64_t kb, int64_t threads) {
+void parity_gemm_panels_bf16(const uint32_t *w, int64_t ldw, int64_t n, int64_t k,
+                             uint16_t *panels) {
+    PACK(uint16_t, (uint16_t)(w[col * ldw + kk] >> 16))
+}
+
+/* y [m, n] = x [m, k] times the panels of W (fp32, or bf16 if `half`), plus bias [n] (or
+ * NULL); m a multiple of ROWS, kb the K block. On `threads` threads, each a contiguous run of
+ * panels. */
+void parity_gemm(const float *x, int64_t m, int64_t k, const void *panels, int64_t half,
+                 int64_t n, const float *bias, float *y, int64_t kb, int64_t threads) {
     const int64_t count = (n + PANEL - 1) / PANEL;
+    const int64_t panel_bytes = k * PANEL * (half ? 2 : 4);
 #pragma omp parallel num_threads(threads)
     {
         const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
         float out[ROWS * PANEL] __attribute__((aligned(64)));
         for (int64_t p = count * t / nt; p < count * (t + 1) / nt; p++) {
             const int64_t cols = n - p * PANEL < PANEL ? n - p * PANEL : PANEL;
+            const char *panel = (const char *)panels + p * panel_bytes;
             for (int64_t m0 = 0; m0 < m; m0 += ROWS) {
-                tile(x + m0 * k, k, panels + p * k * PANEL, k, kb, out);
+                if (half)
+                    tile(x + m0 * k, k, panel, k, kb, 1, out);
+                else
+                    tile(x + m0 * k, k, panel, k, kb, 0, out);
                 for (int r = 0; r < ROWS; r++) {
                     float *yr = y + (m0 + r) * n + p * PANEL;
                     for (int64_t j = 0; j < cols; j++)
