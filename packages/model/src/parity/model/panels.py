@@ -48,6 +48,8 @@ def c_library() -> ctypes.CDLL | None:
     p, i = ctypes.c_void_p, ctypes.c_int64
     dll.parity_gemm_panels.argtypes = [p, i, i, i, p]
     dll.parity_gemm_panels_bf16.argtypes = [p, i, i, i, p]
+    dll.parity_gemm_bf16_valued.argtypes = [p, i, i, i]
+    dll.parity_gemm_bf16_valued.restype = i
     dll.parity_gemm.argtypes = [p, i, i, p, i, i, p, p, i, i]
     return dll
 
@@ -67,7 +69,7 @@ def pack(w: torch.Tensor, kb: int) -> Panels:
     value (a bf16 model's weights as its fp32 GEMMs read them; the kernel widens them, exactly,
     so the bits are those of the fp32 panels with half the bytes streamed)."""
     n, k = w.shape
-    half = bool(torch.equal(w, w.to(torch.bfloat16).float()))
+    half = bool(c_library().parity_gemm_bf16_valued(w.data_ptr(), w.stride(0), n, k))
     data = torch.empty(-(-n // PANEL), k, PANEL, dtype=torch.bfloat16 if half else torch.float32)
     fill = c_library().parity_gemm_panels_bf16 if half else c_library().parity_gemm_panels
     fill(w.data_ptr(), w.stride(0), n, k, data.data_ptr())

@@ -98,6 +98,16 @@ void parity_gemm_panels_bf16(const uint32_t *w, int64_t ldw, int64_t n, int64_t 
     PACK(uint16_t, (uint16_t)(w[col * ldw + kk] >> 16))
 }
 
+/* 1 if every value of W [n, k] (rows `ldw` apart) is a bf16 value (its low 16 bits zero). */
+int64_t parity_gemm_bf16_valued(const uint32_t *w, int64_t ldw, int64_t n, int64_t k) {
+    int64_t other = 0;
+#pragma omp parallel for reduction(| : other)
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t c = 0; c < k; c++)
+            other |= w[r * ldw + c] & 0xffffu;
+    return other == 0;
+}
+
 /* y [m, n] = x [m, k] times the panels of W (fp32, or bf16 if `half`), plus bias [n] (or
  * NULL); m a multiple of ROWS, kb the K block. On `threads` threads, each a contiguous run of
  * panels. */
