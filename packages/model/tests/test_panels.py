@@ -115,3 +115,13 @@ def test_a_decoder_gives_the_same_bits_on_panels_and_on_onednn(route):
     gemm.use_onednn(gemm.TORCH_ONEDNN)
     assert torch.equal(on_panels, logprobs())
     assert route_difference(route, TINY, (torch.float32,)) is None
+
+
+def test_rows_not_a_multiple_of_the_tile_are_padded_with_the_same_bits():
+    route = panels.PanelGemm(gemm.TORCH_ONEDNN)
+    g = torch.Generator().manual_seed(1)
+    w, b = torch.randn(200, 300, generator=g), torch.randn(200, generator=g)
+    x = torch.randn(13, 300, generator=g)
+    got = route.run(x, route.prepare(w), b)
+    assert got.shape == (13, 200)
+    assert torch.equal(bits(got), bits(onednn(torch.cat([x, x.new_zeros(3, 300)]), w, b)[:13]))

@@ -93,8 +93,6 @@ class PanelGemm(gemm.OneDnnGemm):
     """fp32 weights in panels (where a K block gives oneDNN's bits on their shape); others
     (bf16 operands, a shape no block matches) prepared and run by `fallback`."""
 
-    name = "parity C panels"
-
     def __init__(self, fallback: gemm.OneDnnGemm) -> None:
         self.fallback = fallback
         self.name = f"parity C panels (fp32), {fallback.name}"
@@ -107,12 +105,13 @@ class PanelGemm(gemm.OneDnnGemm):
         return self.fallback.prepare(w)
 
     def run(self, x: torch.Tensor, prepared: object, b: torch.Tensor | None) -> torch.Tensor:
-        if isinstance(prepared, Panels) and x.shape[0] % ROWS == 0:
+        if not isinstance(prepared, Panels):
+            return self.fallback.run(x, prepared, b)
+        rows = x.shape[0]
+        pad = -rows % ROWS  # aligned GEMMs come padded; other callers get zero rows added
+        if not pad:
             return multiply(x, prepared, b)
-        if isinstance(prepared, Panels):
-            pad = -x.shape[0] % ROWS
-            return multiply(torch.cat([x, x.new_zeros(pad, x.shape[1])]), prepared, b)[:x.shape[0]]
-        return self.fallback.run(x, prepared, b)
+        return multiply(torch.cat([x, x.new_zeros(pad, x.shape[1])]), prepared, b)[:rows]
 
 
 @functools.cache
