@@ -14,11 +14,15 @@ was chunked or preempted.
 
 from __future__ import annotations
 
+import ctypes
+import functools
+from pathlib import Path
+
 import numpy as np
 import torch
 
 from parity.engine.sequence import Sequence
-from parity.model import Decoder
+from parity.model import Decoder, native
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
@@ -40,6 +44,33 @@ def _draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return idx.squeeze(-1).clamp_(max=probs.shape[-1] - 1)
 
 
+@functools.cache
+def _c_draw() -> ctypes.CDLL | None:
+    dll, _ = native.build(Path(__file__).parent / "csrc" / "draw.c")
+    if dll is not None:
+        p, i = ctypes.c_void_p, ctypes.c_int64
+        dll.parity_draw.argtypes = [p, i, i, i, p, p, i]
+        dll.parity_draw.restype = ctypes.c_int
+    return dll
+
+
+def draw_logprobs(lp: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The inverse-CDF draw of `_draw(lp.exp(), u)` per row of log-probabilities [B, V], in
+    one C call where a compiler exists (csrc/draw.c: no [B, V] buffers of probabilities and
+    fp64 sums; the same rule, its own exp and sums, so a token on a boundary may differ
+    from the torch path's, never between batches)."""
+    dll = _c_draw()
+    if dll is None or lp.dtype != torch.float32 or lp.stride(-1) != 1:
+        return _draw(lp.exp(), u)
+    out = torch.empty(lp.shape[0], dtype=torch.long)
+    u = u.to(torch.float64).contiguous()
+    threads = min(torch.get_num_threads(), lp.shape[0])
+    if dll.parity_draw(lp.data_ptr(), lp.shape[0], lp.shape[1], lp.stride(0), u.data_ptr(),
+                       out.data_ptr(), threads):
+        raise MemoryError("the sampler's draw: out of memory for its buffers")
+    return out
+
+
 def sample(
     lp: torch.Tensor,
     greedy: torch.Tensor,
@@ -55,12 +86,12 @@ def sample(
     restricted = drawn & ((top_k > 0) | (top_p < 1))
     plain = drawn & ~restricted
     if bool(plain.all()):  # the usual step: every row a plain draw, drawn without row copies
-        return _draw(lp.exp(), u)
+        return draw_logprobs(lp, u)
     out = lp.argmax(-1)
     if not bool(drawn.any()):
         return out
     if bool(plain.any()):
-        out[plain] = _draw(lp[plain].exp(), u[plain])
+        out[plain] = draw_logprobs(lp[plain], u[plain])
     if bool(restricted.any()):
         p_sorted, order = lp[restricted].exp().sort(-1, descending=True)
         k, p = top_k[restricted].unsqueeze(-1), top_p[restricted].unsqueeze(-1)
