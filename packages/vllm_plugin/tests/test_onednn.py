@@ -13,7 +13,7 @@ import torch
 from parity.engine.vllm.environment import vllm_env_problem, vllm_python
 from parity.model import gemm
 from parity.model.kernels import ALIGNED_CPU
-from parity.model.selfcheck import route_difference as difference
+from parity.model.selfcheck import route_difference
 from parity.model.shapes import TINY
 
 pytestmark = pytest.mark.skipif(not gemm.ONEDNN, reason="torch without oneDNN")
@@ -40,9 +40,9 @@ class _Counting(gemm.OneDnnGemm):
 
 
 def test_a_route_is_compared_with_torchs_on_every_gemm_shape_and_a_difference_named():
-    assert difference(_Counting(), TINY, (torch.float32,)) is None
+    assert route_difference(_Counting(), TINY, (torch.float32,)) is None
     # a route one ulp off in the last output: named with the shape, rows and threads
-    assert difference(_Counting(off=True), TINY, (torch.float32,)) == (
+    assert route_difference(_Counting(off=True), TINY, (torch.float32,)) == (
         "counting and torch's oneDNN route differ on the GEMM 256 -> 128 in torch.float32 at "
         "8 rows, 1 thread(s)")
 

@@ -8,7 +8,7 @@
  * token, lp = -inf, is never drawn), summed in fp64: per block of BLOCK tokens in 8 lanes,
  * then the blocks in order; the walk to u * total goes block by block and then token by
  * token within the block where the sum crosses. */
-#include <math.h>
+#include <math.h> /* INFINITY */
 #include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -28,55 +28,54 @@ static inline v16 probs16(const float *lp) {
     return (v16)(keep & (i16)e);
 }
 
-/* The block's probabilities into p (BLOCK or fewer, the tail scalar), their fp64 sum. */
+/* The block's probabilities into p (n <= BLOCK; the tail as a vector padded with -inf, so
+ * every token's probability comes from the one exp), their fp64 sum. */
 static double block_probs(const float *lp, int64_t n, float *p) {
     v8d acc = {0};
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        const v16 e = probs16(lp + i);
-        *(v16u *)(p + i) = e;
+    for (int64_t i = 0; i < n; i += 16) {
+        float tail[16] __attribute__((aligned(64)));
+        const float *src = lp + i;
+        if (n - i < 16) {
+            for (int64_t j = 0; j < 16; j++)
+                tail[j] = i + j < n ? lp[i + j] : -INFINITY;
+            src = tail;
+        }
+        const v16 e = probs16(src);
+        *(v16u *)(p + i) = e; /* p has BLOCK floats: room for the padded tail */
         const v8f lo = __builtin_shufflevector(e, e, 0, 1, 2, 3, 4, 5, 6, 7);
         const v8f hi = __builtin_shufflevector(e, e, 8, 9, 10, 11, 12, 13, 14, 15);
         acc += __builtin_convertvector(lo, v8d);
         acc += __builtin_convertvector(hi, v8d);
     }
-    double sum = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
-    for (; i < n; i++) {
-        p[i] = lp[i] >= -87.0f ? expf(lp[i]) : 0.0f;
-        sum += p[i];
-    }
-    return sum;
+    return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
 }
 
 static int64_t draw_row(const float *lp, int64_t v, double u, double *sums, float *p) {
     const int64_t blocks = (v + BLOCK - 1) / BLOCK;
     double total = 0.0;
     for (int64_t b = 0; b < blocks; b++) {
-        const int64_t n = v - b * BLOCK < BLOCK ? v - b * BLOCK : BLOCK;
-        sums[b] = block_probs(lp + b * BLOCK, n, p);
+        sums[b] = block_probs(lp + b * BLOCK, v - b * BLOCK < BLOCK ? v - b * BLOCK : BLOCK, p);
         total += sums[b];
     }
     const double target = u * total;
+    /* whole blocks below the target, then token by token from the block where the sum
+     * crosses it (or, by rounding, a little later) */
     double cum = 0.0;
+    int64_t b = 0;
+    while (b + 1 < blocks && cum + sums[b] <= target)
+        cum += sums[b++];
     int64_t last = v - 1;
-    for (int64_t b = 0; b < blocks; b++) {
-        if (cum + sums[b] <= target && b + 1 < blocks) {
-            cum += sums[b];
-            continue;
+    for (; b < blocks; b++) {
+        const int64_t n = v - b * BLOCK < BLOCK ? v - b * BLOCK : BLOCK;
+        block_probs(lp + b * BLOCK, n, p);
+        for (int64_t i = 0; i < n; i++) {
+            if (p[i] == 0.0f)
+                continue;
+            last = b * BLOCK + i;
+            cum += p[i];
+            if (cum > target)
+                return last;
         }
-        /* the crossing is here (or, by rounding, a little later): token by token */
-        for (int64_t j = b; j < blocks; j++) {
-            const int64_t n = v - j * BLOCK < BLOCK ? v - j * BLOCK : BLOCK;
-            block_probs(lp + j * BLOCK, n, p);
-            for (int64_t i = 0; i < n; i++) {
-                if (p[i] > 0.0f)
-                    last = j * BLOCK + i;
-                cum += p[i];
-                if (p[i] > 0.0f && cum > target)
-                    return j * BLOCK + i;
-            }
-        }
-        break;
     }
     return last; /* u * total not reached by rounding: the last token with mass */
 }

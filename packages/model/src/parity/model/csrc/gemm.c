@@ -24,10 +24,6 @@
 #define ROWS 8      /* rows per tile: 16 accumulators, the weights' two vectors, a broadcast */
 #define PREFETCH 48 /* k-steps (128 bytes each) ahead */
 
-static inline v16 broadcast(float x) {
-    return (v16){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x};
-}
-
 typedef uint16_t h16 __attribute__((vector_size(32), aligned(2)));
 typedef uint32_t u16v __attribute__((vector_size(64)));
 

@@ -13,6 +13,12 @@ typedef int32_t i16 __attribute__((vector_size(64), aligned(64)));
 
 static inline v16 splat(float x) { return (v16){0} + x; }
 
+/* x in every lane, as one broadcast (splat adds x to 0, an extra add in a hot loop, and makes
+ * -0 into +0). */
+static inline v16 broadcast(float x) {
+    return (v16){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x};
+}
+
 static inline v16 vmax(v16 a, v16 b) {
     i16 gt = a > b;
     return (v16)((gt & (i16)a) | (~gt & (i16)b));
